@@ -1,0 +1,126 @@
+"""Causal self-attention for MHA, GQA and MQA in one module.
+
+Design:
+- ``n_kv_head`` query heads share each K/V head (MHA: n_kv_head = n_head, MQA: 1). One fused
+  QKV projection is reshaped to heads; this is the same function as per-head projections
+  with the matching row slices of the fused weight.
+- The fast path is ``scaled_dot_product_attention`` with ``enable_gqa`` so K/V are not repeated
+  in memory where the kernel supports it. Without a bias and with queries and keys aligned
+  it uses ``is_causal`` (flash / memory-efficient kernels, memory linear in T).
+- An additive bias (ALiBi) or a cached prefix needs an explicit mask. Queries are then
+  processed in chunks, so the largest bias ever built is [n_head, chunk, T_k], never
+  [n_head, T, T] for long inputs.
+- The slow path (``return_weights=True``) computes softmax(QK^T/sqrt(d) + bias) explicitly and
+  returns the weights for analysis; tests check it equals the fast path.
+- The positional encoding is asked for what it does (``rotate``, ``bias``); this module never
+  branches on its name.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from nanoattn.model.cache import KVCache
+from nanoattn.model.positional.base import PositionalEncoding
+
+# Largest mask/bias chunk, in elements of [B, n_head, chunk, T_k], built at once on the bias path.
+MASK_CHUNK_ELEMENTS = 1 << 22
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg) -> None:
+        super().__init__()
+        self.n_head, self.n_kv_head, self.head_dim = cfg.n_head, cfg.n_kv_head, cfg.head_dim
+        kv_width = cfg.n_kv_head * cfg.head_dim
+        self.qkv = nn.Linear(cfg.d_model, cfg.d_model + 2 * kv_width, bias=cfg.bias)
+        self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
+        self.dropout = cfg.dropout
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        pos: PositionalEncoding,
+        positions: torch.Tensor,
+        seq_len: int,
+        *,
+        cache: KVCache | None = None,
+        layer: int = 0,
+        head_mask: torch.Tensor | None = None,
+        return_weights: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """x [B, T, d_model] at positions [T] = seq_len - T, ..., seq_len - 1 -> [B, T, d_model].
+
+        Also returns the attention weights [B, H, T, T_k] when ``return_weights`` (slow path).
+        """
+        B, T, _ = x.shape
+        H, Hkv, D = self.n_head, self.n_kv_head, self.head_dim
+        q, k, v = self.qkv(x).split([H * D, Hkv * D, Hkv * D], dim=-1)
+        q = q.view(B, T, H, D).transpose(1, 2)  # [B, H, T, D]
+        k = k.view(B, T, Hkv, D).transpose(1, 2)  # [B, Hkv, T, D]
+        v = v.view(B, T, Hkv, D).transpose(1, 2)  # [B, Hkv, T, D]
+
+        q = pos.rotate(q, positions, seq_len)
+        if cache is not None and pos.length_dependent_rotation:
+            # Dynamic NTK: the base depends on seq_len, so keys are cached un-rotated and all of
+            # them are rotated with the current base; cached decoding then equals recomputation.
+            k, v = cache.update(layer, k, v)
+            k = pos.rotate(k, torch.arange(seq_len, device=x.device), seq_len)
+        else:
+            k = pos.rotate(k, positions, seq_len)
+            if cache is not None:
+                k, v = cache.update(layer, k, v)
+        k, v = k.to(q.dtype), v.to(q.dtype)
+        k_positions = torch.arange(seq_len - k.shape[2], seq_len, device=x.device)
+
+        if return_weights:
+            y, weights = self._attend_explicit(q, k, v, positions, k_positions, pos)
+        else:
+            y, weights = self._attend(q, k, v, positions, k_positions, pos), None
+        if head_mask is not None:
+            y = y * head_mask.to(y.dtype).view(1, H, 1, 1)
+        y = y.transpose(1, 2).reshape(B, T, H * D)  # [B, T, d_model]: concat heads
+        y = F.dropout(self.proj(y), self.dropout, self.training)
+        return y, weights
+
+    def _attend(self, q, k, v, q_positions, k_positions, pos) -> torch.Tensor:
+        """Fast path. q [B, H, Tq, D], k/v [B, Hkv, Tk, D] -> [B, H, Tq, D]."""
+        B, H, Tq, _ = q.shape
+        Tk = k.shape[2]
+        options = dict(enable_gqa=self.n_kv_head != self.n_head,
+                       dropout_p=self.dropout if self.training else 0.0)
+        if not pos.adds_bias:
+            if Tq == Tk:
+                return F.scaled_dot_product_attention(q, k, v, is_causal=True, **options)
+            if Tq == 1:  # one new token after the cache: it sees every cached key
+                return F.scaled_dot_product_attention(q, k, v, **options)
+        chunk = max(1, MASK_CHUNK_ELEMENTS // (B * H * Tk))
+        outputs = []
+        for start in range(0, Tq, chunk):
+            mask = self._mask(q_positions[start:start + chunk], k_positions, pos, q.dtype)
+            outputs.append(F.scaled_dot_product_attention(q[:, :, start:start + chunk], k, v,
+                                                          attn_mask=mask, **options))
+        return torch.cat(outputs, dim=2)
+
+    @staticmethod
+    def _mask(q_positions, k_positions, pos, dtype) -> torch.Tensor:
+        """Causal mask plus the encoding's bias: bool [Tq, Tk] or additive [H, Tq, Tk]."""
+        allowed = k_positions[None, :] <= q_positions[:, None]  # [Tq, Tk]
+        bias = pos.bias(q_positions, k_positions)
+        if bias is None:
+            return allowed
+        return bias.masked_fill(~allowed, float("-inf")).to(dtype)
+
+    def _attend_explicit(self, q, k, v, q_positions, k_positions, pos):
+        """Slow path returning the weights [B, H, Tq, Tk] as well."""
+        groups = self.n_head // self.n_kv_head
+        k = k.repeat_interleave(groups, dim=1)  # [B, H, Tk, D]
+        v = v.repeat_interleave(groups, dim=1)
+        scores = (q @ k.transpose(-2, -1)).float() / math.sqrt(self.head_dim)  # [B, H, Tq, Tk]
+        mask = self._mask(q_positions, k_positions, pos, torch.float32)
+        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+        weights = torch.softmax(scores, dim=-1)
+        return weights.to(v.dtype) @ v, weights

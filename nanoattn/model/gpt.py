@@ -1,0 +1,129 @@
+"""A decoder-only GPT: token embedding, pre-norm blocks, final norm, LM head.
+
+Where position enters is the positional encoding's business (see ``positional/base.py``);
+this file only hands it explicit positions. Initialisation follows GPT-2: N(0, init_std)
+for weights, zero biases, and residual output projections scaled by 1/sqrt(2 * n_layer)
+so the residual stream's variance does not grow with depth.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from nanoattn.config import ModelConfig
+from nanoattn.model.attention import Attention
+from nanoattn.model.cache import KVCache
+from nanoattn.model.layers import make_mlp, make_norm
+from nanoattn.model.positional import build_positional
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.attn_norm = make_norm(cfg)
+        self.attn = Attention(cfg)
+        self.mlp_norm = make_norm(cfg)
+        self.mlp = make_mlp(cfg)
+        self.dropout = cfg.dropout
+
+    def forward(self, x, pos, positions, seq_len, **attn_options):
+        a, weights = self.attn(self.attn_norm(x), pos, positions, seq_len, **attn_options)
+        x = x + a
+        x = x + F.dropout(self.mlp(self.mlp_norm(x)), self.dropout, self.training)
+        return x, weights
+
+
+class GPT(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.pos = build_positional(cfg)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
+        self.norm = make_norm(cfg)
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.tok_emb.weight
+        self.apply(self._init_weights)
+        residual_std = cfg.init_std / math.sqrt(2 * cfg.n_layer)
+        for block in self.blocks:
+            nn.init.normal_(block.attn.proj.weight, std=residual_std)
+            nn.init.normal_(block.mlp.down.weight, std=residual_std)
+
+    def _init_weights(self, module: nn.Module) -> None:
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, std=self.cfg.init_std)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+    def hidden_states(
+        self,
+        idx: torch.Tensor,
+        *,
+        cache: KVCache | None = None,
+        head_mask: torch.Tensor | None = None,
+        return_weights: bool = False,
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """idx [B, T] -> (final-normed hidden states [B, T, d_model], per-layer attention weights).
+
+        With a cache, idx continues the cached tokens: its positions start at ``cache.length``.
+        ``head_mask`` [n_layer, n_head] multiplies each head's output (0 removes the head).
+        """
+        B, T = idx.shape
+        start = 0 if cache is None else cache.length
+        if cache is not None:
+            cache.check_room(T)
+        seq_len = start + T
+        self.pos.check_length(seq_len)
+        positions = torch.arange(start, seq_len, device=idx.device)  # [T]
+        x = self.pos.embed(self.tok_emb(idx), positions)  # [B, T, d_model]
+        x = F.dropout(x, self.cfg.dropout, self.training)
+        all_weights = []
+        for layer, block in enumerate(self.blocks):
+            x, weights = block(x, self.pos, positions, seq_len, cache=cache, layer=layer,
+                               head_mask=None if head_mask is None else head_mask[layer],
+                               return_weights=return_weights)
+            if return_weights:
+                all_weights.append(weights)
+        if cache is not None:
+            cache.length = seq_len
+        return self.norm(x), all_weights
+
+    def forward(self, idx: torch.Tensor, *, cache: KVCache | None = None,
+                head_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """idx [B, T] -> logits [B, T, vocab_size]."""
+        return self.lm_head(self.hidden_states(idx, cache=cache, head_mask=head_mask)[0])
+
+    def loss(self, idx: torch.Tensor, targets: torch.Tensor, *, reduction: str = "mean",
+             head_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Next-token cross-entropy in nats; reduction 'none' gives the per-token loss [B, T]."""
+        hidden, _ = self.hidden_states(idx, head_mask=head_mask)
+        logits = self.lm_head(hidden).float()  # [B, T, V]
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), reduction=reduction)
+        return loss.view(targets.shape) if reduction == "none" else loss
+
+    def attention_maps(self, idx: torch.Tensor, *, head_mask: torch.Tensor | None = None):
+        """(logits [B, T, V], list of attention weights [B, n_head, T, T] per layer), slow path."""
+        hidden, weights = self.hidden_states(idx, head_mask=head_mask, return_weights=True)
+        return self.lm_head(hidden), weights
+
+    def num_params(self, *, exclude_embeddings: bool = False) -> int:
+        """Parameters counted once (a tied LM head shares the embedding's)."""
+        total = sum(p.numel() for p in self.parameters())
+        if exclude_embeddings:
+            total -= self.tok_emb.weight.numel()
+        return total
+
+    def flops_per_token(self, seq_len: int) -> int:
+        """Training FLOPs per token (forward + backward), PaLM's estimate (Chowdhery et al. 2022, B).
+
+        6 x matmul weights (the LM head included, embedding lookups not) plus the attention
+        score and value products, 12 * n_layer * n_head * head_dim * seq_len (full, not causal).
+        """
+        cfg = self.cfg
+        matmul_params = sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Linear))
+        return 6 * matmul_params + 12 * cfg.n_layer * cfg.n_head * cfg.head_dim * seq_len

@@ -1,0 +1,42 @@
+"""Norms and feed-forward blocks."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def make_norm(cfg) -> nn.Module:
+    if cfg.norm == "rmsnorm":
+        return nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+    return nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps, bias=cfg.bias)
+
+
+class GeluMLP(nn.Module):
+    """GPT-2's MLP: Linear, GELU (tanh approximation, as GPT-2's "gelu_new"), Linear."""
+
+    def __init__(self, cfg) -> None:
+        super().__init__()
+        self.up = nn.Linear(cfg.d_model, cfg.ffn_dim, bias=cfg.bias)
+        self.down = nn.Linear(cfg.ffn_dim, cfg.d_model, bias=cfg.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(F.gelu(self.up(x), approximate="tanh"))
+
+
+class SwiGLUMLP(nn.Module):
+    """LLaMA's MLP, silu(x W_gate) * (x W_up) W_down, with gate and up fused in one matmul."""
+
+    def __init__(self, cfg) -> None:
+        super().__init__()
+        self.gate_up = nn.Linear(cfg.d_model, 2 * cfg.ffn_dim, bias=cfg.bias)
+        self.down = nn.Linear(cfg.ffn_dim, cfg.d_model, bias=cfg.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up(x).chunk(2, dim=-1)  # [B, T, d_ff] each
+        return self.down(F.silu(gate) * up)
+
+
+def make_mlp(cfg) -> nn.Module:
+    return SwiGLUMLP(cfg) if cfg.mlp == "swiglu" else GeluMLP(cfg)

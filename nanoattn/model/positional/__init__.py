@@ -1,0 +1,23 @@
+"""Registry of positional encodings: adding one is one file plus one line here."""
+
+from nanoattn.model.positional.alibi import ALiBiPositionalEncoding, alibi_slopes
+from nanoattn.model.positional.base import PositionalEncoding
+from nanoattn.model.positional.learned import LearnedPositionalEncoding
+from nanoattn.model.positional.nope import NoPositionalEncoding
+from nanoattn.model.positional.rope import RotaryPositionalEncoding
+from nanoattn.model.positional.sinusoidal import SinusoidalPositionalEncoding, sinusoidal_table
+
+REGISTRY: dict[str, type[PositionalEncoding]] = {
+    "sinusoidal": SinusoidalPositionalEncoding,
+    "learned": LearnedPositionalEncoding,
+    "rope": RotaryPositionalEncoding,
+    "alibi": ALiBiPositionalEncoding,
+    "nope": NoPositionalEncoding,
+}
+
+
+def build_positional(cfg) -> PositionalEncoding:
+    return REGISTRY[cfg.pos](cfg)
+
+
+__all__ = ["REGISTRY", "PositionalEncoding", "alibi_slopes", "build_positional", "sinusoidal_table"]

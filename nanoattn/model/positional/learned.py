@@ -1,0 +1,32 @@
+"""Learned absolute positions (GPT-2, BERT): a table of max_seq_len vectors.
+
+The table has no value past its length, so longer inputs are refused with a clear error
+instead of being clamped or crashing on an index.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from nanoattn.model.positional.base import PositionalEncoding
+
+
+class LearnedPositionalEncoding(PositionalEncoding):
+    def __init__(self, cfg) -> None:
+        super().__init__()
+        self.table = nn.Embedding(cfg.max_seq_len, cfg.d_model)
+
+    @property
+    def max_len(self) -> int:
+        return self.table.num_embeddings
+
+    def check_length(self, seq_len: int) -> None:
+        if seq_len > self.max_len:
+            raise ValueError(f"sequence length {seq_len} is past the learned position table "
+                             f"(pos='learned', max_seq_len={self.max_len}): learned positions are "
+                             f"undefined beyond it")
+
+    def embed(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        self.check_length(int(positions.max()) + 1)
+        return x + self.table(positions)  # [B, T, d] + [T, d]

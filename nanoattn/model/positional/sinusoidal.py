@@ -1,0 +1,35 @@
+"""Fixed sinusoidal positions (Vaswani et al. 2017, arXiv:1706.03762), added to embeddings.
+
+PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d)), defined at any
+position. GPT-style embeddings start with std 0.02, so a unit-amplitude signal would drown
+them; as in the original Transformer, token embeddings are multiplied by sqrt(d_model).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from nanoattn.model.positional.base import PositionalEncoding
+
+
+def sinusoidal_table(positions: torch.Tensor, d_model: int) -> torch.Tensor:
+    """The seed formula at integer positions [T] -> [T, d_model] float32 (d_model may be odd)."""
+    two_i = torch.arange(0, d_model, 2, dtype=torch.int64, device=positions.device).float()  # [ceil(d/2)]
+    angle = positions.float()[:, None] / torch.pow(10000.0, two_i / d_model)[None, :]  # [T, ceil(d/2)]
+    table = torch.empty(positions.numel(), d_model, device=positions.device)
+    table[:, 0::2] = torch.sin(angle)
+    table[:, 1::2] = torch.cos(angle[:, : d_model // 2])
+    return table
+
+
+class SinusoidalPositionalEncoding(PositionalEncoding):
+    def __init__(self, cfg) -> None:
+        super().__init__()
+        self.d_model = cfg.d_model
+        self.embed_scale = math.sqrt(cfg.d_model)
+
+    def embed(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        pe = sinusoidal_table(positions, self.d_model).to(x.dtype)  # [T, d_model]
+        return x * self.embed_scale + pe

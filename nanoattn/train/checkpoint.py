@@ -1,0 +1,197 @@
+"""Crash-safe checkpoints that never execute code on load.
+
+A checkpoint is a directory:
+    model.safetensors   weights (tied weights stored once)
+    config.json         {"model": ModelConfig fields, "train_seq_len": int, "step": int, "version": str}
+    tokenizer.json      the HF tokenizers file the model was trained with
+    trainer_state.pt    optional: optimizer, schedule, step, RNG, data position (tensors and plain
+                        containers only; loaded with weights_only=True)
+It is written to a temporary sibling directory and renamed into place, then
+``checkpoints/latest`` (a text file naming the newest complete checkpoint) is replaced
+atomically. A kill at any instant leaves the previous checkpoint and ``latest`` intact.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from nanoattn.config import ModelConfig
+from nanoattn.model import GPT
+
+LATEST = "latest"
+FORMAT_VERSION = "1"
+
+
+class CheckpointError(ValueError):
+    """A missing, incomplete or corrupt checkpoint (one line, names the path)."""
+
+
+class Checkpoint(NamedTuple):
+    model: GPT
+    tokenizer: Any  # tokenizers.Tokenizer, or None when the checkpoint has no tokenizer.json
+    config: ModelConfig
+    path: Path
+    train_seq_len: int
+    step: int
+
+
+def _write_atomic_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def save_checkpoint(
+    ckpt_root: str | Path,
+    name: str,
+    model: GPT,
+    *,
+    train_seq_len: int,
+    step: int,
+    tokenizer_file: str | Path | None = None,
+    trainer_state: Mapping[str, Any] | None = None,
+    keep_last: int | None = None,
+) -> Path:
+    """Write ``ckpt_root/name`` atomically, point ``latest`` at it, then prune old ones."""
+    ckpt_root = Path(ckpt_root)
+    ckpt_root.mkdir(parents=True, exist_ok=True)
+    final = ckpt_root / name
+    tmp = ckpt_root / f".{name}.tmp{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    if model.cfg.tie_embeddings:
+        state.pop("lm_head.weight")
+    save_file(state, tmp / "model.safetensors")
+    meta = {"model": model.cfg.to_dict(), "train_seq_len": train_seq_len, "step": step,
+            "version": FORMAT_VERSION}
+    (tmp / "config.json").write_text(json.dumps(meta, indent=2) + "\n")
+    if tokenizer_file is not None:
+        shutil.copyfile(tokenizer_file, tmp / "tokenizer.json")
+    if trainer_state is not None:
+        torch.save(dict(trainer_state), tmp / "trainer_state.pt")
+    _fsync_dir(tmp)
+    if final.exists():  # re-saving the same step: move the old copy aside, never delete it first
+        old = ckpt_root / f".{name}.old{os.getpid()}"
+        os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old)
+    else:
+        os.replace(tmp, final)
+    _write_atomic_text(ckpt_root / LATEST, name + "\n")
+    if keep_last is not None:
+        prune_checkpoints(ckpt_root, keep_last)
+    return final
+
+
+def _fsync_dir(path: Path) -> None:
+    for file in path.iterdir():
+        with open(file, "rb") as f:
+            os.fsync(f.fileno())
+
+
+def list_checkpoints(ckpt_root: Path) -> list[Path]:
+    """Complete checkpoints, oldest first by step."""
+    found = [p for p in ckpt_root.iterdir() if p.is_dir() and not p.name.startswith(".")
+             and (p / "config.json").exists()] if ckpt_root.is_dir() else []
+    return sorted(found, key=lambda p: json.loads((p / "config.json").read_text()).get("step", 0))
+
+
+def prune_checkpoints(ckpt_root: Path, keep_last: int) -> None:
+    """Delete all but the newest ``keep_last`` checkpoints (never the one ``latest`` names)."""
+    latest = (ckpt_root / LATEST).read_text().strip()
+    for old in list_checkpoints(ckpt_root)[:-keep_last] if keep_last > 0 else []:
+        if old.name != latest:
+            shutil.rmtree(old)
+
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """A checkpoint directory, or a run directory (then its latest checkpoint)."""
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"checkpoint {str(path)!r} does not exist")
+    if (path / "config.json").exists() and (path / "model.safetensors").exists():
+        return path
+    for root in (path / "checkpoints", path):
+        if (root / LATEST).exists():
+            name = (root / LATEST).read_text().strip()
+            if not (root / name / "model.safetensors").exists():
+                raise CheckpointError(f"{root / LATEST} names {name!r}, which is not a complete checkpoint")
+            return root / name
+    raise CheckpointError(f"{str(path)!r} is neither a checkpoint (model.safetensors + config.json) "
+                          f"nor a run directory with checkpoints/latest")
+
+
+def read_checkpoint_config(path: str | Path) -> dict[str, Any]:
+    """The checkpoint's config.json as a dict."""
+    path = resolve_checkpoint(path)
+    try:
+        return json.loads((path / "config.json").read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{path / 'config.json'} is unreadable or not JSON: {e}") from None
+
+
+def load_checkpoint(
+    path: str | Path,
+    *,
+    rope_scaling: Mapping[str, Any] | None = None,
+    device: str | torch.device = "cpu",
+) -> Checkpoint:
+    """Load a model, its tokenizer and config from a checkpoint or a run directory.
+
+    ``rope_scaling`` applies a RoPE scaling zero-shot (e.g. {"type": "yarn", "factor": 4});
+    its ``original_max_seq_len`` defaults to the length the checkpoint was trained at.
+    """
+    path = resolve_checkpoint(path)
+    meta = read_checkpoint_config(path)
+    model_fields = dict(meta.get("model") or {})
+    train_seq_len = int(meta.get("train_seq_len", model_fields.get("max_seq_len", 0)))
+    if rope_scaling is not None:
+        if model_fields.get("pos") != "rope":
+            raise ValueError(f"rope_scaling={dict(rope_scaling)} needs a RoPE model; checkpoint {path} "
+                             f"has pos={model_fields.get('pos')!r}")
+        model_fields["rope_scaling"] = {"original_max_seq_len": train_seq_len, **dict(rope_scaling)}
+    cfg = ModelConfig.from_dict(model_fields)
+    with torch.device(device):
+        model = GPT(cfg)
+    try:
+        state = load_file(path / "model.safetensors", device=str(device))
+    except (SafetensorError, OSError) as e:
+        raise CheckpointError(f"{path / 'model.safetensors'} is corrupt or unreadable: {e}") from None
+    if cfg.tie_embeddings:
+        state["lm_head.weight"] = state["tok_emb.weight"]
+    try:
+        model.load_state_dict(state, strict=True)
+    except RuntimeError as e:
+        raise CheckpointError(f"{path / 'model.safetensors'} does not match its config.json: "
+                              f"{str(e).splitlines()[0]}") from None
+    tokenizer = None
+    if (path / "tokenizer.json").exists():
+        from tokenizers import Tokenizer
+
+        tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
+    return Checkpoint(model.eval(), tokenizer, cfg, path, train_seq_len, int(meta.get("step", 0)))
+
+
+def load_trainer_state(path: str | Path) -> dict[str, Any]:
+    """The optimizer/RNG/data state, loaded without executing code (weights_only=True)."""
+    file = resolve_checkpoint(path) / "trainer_state.pt"
+    if not file.exists():
+        raise CheckpointError(f"{file} is missing: this checkpoint cannot resume training")
+    try:
+        return torch.load(file, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise CheckpointError(f"{file} was refused: it holds objects beyond tensors and plain "
+                              f"containers ({str(e).splitlines()[0][:120]})") from None
+    except (RuntimeError, OSError, EOFError) as e:
+        raise CheckpointError(f"{file} is corrupt: {str(e).splitlines()[0][:120]}") from None
