@@ -161,3 +161,81 @@ def preset(name: str, **overrides: Any) -> ModelConfig:
     return ModelConfig(**{**PRESETS[name], **overrides})
 
 
+
+
+TOKENIZER_TYPES = ("bpe", "char", "byte")
+CORPORA = ("shakespeare", "text", "hf")
+
+
+def _check_text(owner: str, name: str, value: Any) -> None:
+    if not isinstance(value, str) or not value.strip():
+        _fail(owner, name, value, "must be a non-empty string")
+
+
+@dataclass
+class TokenizerConfig:
+    """How text becomes token ids (see nanoattn/data/tokenizer.py)."""
+
+    type: str = "bpe"  # bpe (byte-level, trained on the training split) | char | byte
+    vocab_size: int = 2048  # bpe only, special tokens included; char and byte sizes follow from the data
+
+    def __post_init__(self) -> None:
+        own = "data.tokenizer"
+        _check_choice(own, "type", self.type, TOKENIZER_TYPES)
+        _check_positive_int(own, "vocab_size", self.vocab_size)
+        if self.type == "bpe" and self.vocab_size < 257:
+            _fail(own, "vocab_size", self.vocab_size,
+                  "byte-level BPE needs at least 257 (256 byte tokens + <|endoftext|>)")
+
+
+@dataclass
+class DataConfig:
+    """A corpus prepared into ``<root>/<name>/`` (see nanoattn/data/prepare.py)."""
+
+    name: str = "shakespeare"  # folder under root; one prepared corpus per name
+    corpus: str = "shakespeare"  # shakespeare | text | hf
+    tokenizer: TokenizerConfig = dataclasses.field(default_factory=TokenizerConfig)
+    root: str = "data"  # relative paths resolve against the current working directory
+    paths: list[str] = dataclasses.field(default_factory=list)  # text: files or folders, one document a file
+    val_fraction: float = 0.1  # text, and hf without val_split: share of documents held out
+    hf_name: str | None = None  # hf: hub dataset id, e.g. "roneneldan/TinyStories"
+    hf_config: str | None = None  # hf: dataset configuration name, if it has several
+    text_field: str = "text"  # hf: the column holding each document's text
+    train_split: str = "train"  # hf
+    val_split: str | None = None  # hf: None holds out val_fraction of train_split
+    seed: int = 0  # seeded choice of validation documents (text, hf without val_split)
+
+    def __post_init__(self) -> None:
+        own = "data"
+        _check_text(own, "name", self.name)
+        if self.name.startswith(".") or any(sep in self.name for sep in "/\\"):
+            _fail(own, "name", self.name, "must be a plain folder name (no '/', not starting with '.')")
+        _check_choice(own, "corpus", self.corpus, CORPORA)
+        if isinstance(self.tokenizer, Mapping):
+            self.tokenizer = from_dict(TokenizerConfig, self.tokenizer, owner="data.tokenizer")
+        if not isinstance(self.tokenizer, TokenizerConfig):
+            _fail(own, "tokenizer", self.tokenizer, "must be a TokenizerConfig or a mapping")
+        _check_text(own, "root", self.root)
+        if not isinstance(self.paths, (list, tuple)) or not all(isinstance(p, str) and p for p in self.paths):
+            _fail(own, "paths", self.paths, "must be a list of file or folder paths")
+        self.paths = list(self.paths)
+        if self.corpus == "text" and not self.paths:
+            _fail(own, "paths", self.paths, "corpus='text' needs at least one file or folder")
+        if not 0.0 < _as_float(self.val_fraction) < 1.0:
+            _fail(own, "val_fraction", self.val_fraction, "must be in (0, 1)")
+        if self.corpus == "hf":
+            _check_text(own, "hf_name", self.hf_name)
+        for name in ("text_field", "train_split"):
+            _check_text(own, name, getattr(self, name))
+        for name in ("hf_config", "val_split"):
+            if getattr(self, name) is not None:
+                _check_text(own, name, getattr(self, name))
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            _fail(own, "seed", self.seed, "must be a non-negative integer")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> DataConfig:
+        return from_dict(cls, values, owner="data")

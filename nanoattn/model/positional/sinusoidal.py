@@ -15,13 +15,18 @@ from nanoattn.model.positional.base import PositionalEncoding
 
 
 def sinusoidal_table(positions: torch.Tensor, d_model: int) -> torch.Tensor:
-    """The seed formula at integer positions [T] -> [T, d_model] float32 (d_model may be odd)."""
-    two_i = torch.arange(0, d_model, 2, dtype=torch.int64, device=positions.device).float()  # [ceil(d/2)]
-    angle = positions.float()[:, None] / torch.pow(10000.0, two_i / d_model)[None, :]  # [T, ceil(d/2)]
-    table = torch.empty(positions.numel(), d_model, device=positions.device)
+    """The seed formula at integer positions [T] -> [T, d_model] float32 (d_model may be odd).
+
+    The angle is computed in float64 (MPS has none: float32 there): at position 10^4 a float32
+    angle is off by ~1e-3 rad, a visible error in the table's fast dimensions.
+    """
+    wide = torch.float32 if positions.device.type == "mps" else torch.float64
+    two_i = torch.arange(0, d_model, 2, dtype=torch.int64, device=positions.device).to(wide)  # [ceil(d/2)]
+    angle = positions.to(wide)[:, None] / torch.pow(10000.0, two_i / d_model)[None, :]  # [T, ceil(d/2)]
+    table = torch.empty(positions.numel(), d_model, device=positions.device, dtype=wide)
     table[:, 0::2] = torch.sin(angle)
     table[:, 1::2] = torch.cos(angle[:, : d_model // 2])
-    return table
+    return table.float()
 
 
 class SinusoidalPositionalEncoding(PositionalEncoding):

@@ -1,0 +1,143 @@
+"""Attention equivalences from the seed documents: fused vs per-head, GQA vs MHA, permutations."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from nanoattn import GPT, ModelConfig
+from nanoattn.model import Attention
+from nanoattn.model import attention as attention_module
+from nanoattn.model.positional import build_positional
+
+torch.manual_seed(0)
+
+
+def reference_mha(x, wq, wk, wv, wo, n_head, causal=True):
+    """The seed's formulation: separate per-head projections, attention per head, concat, W_O."""
+    T = x.shape[1]
+    hd = wq.shape[0] // n_head
+    heads = []
+    for i in range(n_head):
+        rows = slice(i * hd, (i + 1) * hd)
+        q, k, v = x @ wq[rows].T, x @ wk[rows].T, x @ wv[rows].T  # [B, T, hd]
+        scores = q @ k.transpose(-2, -1) / math.sqrt(hd)  # [B, T, T]
+        if causal:
+            scores = scores.masked_fill(torch.ones(T, T).triu(1).bool(), float("-inf"))
+        heads.append(torch.softmax(scores, dim=-1) @ v)
+    return torch.cat(heads, dim=-1) @ wo.T  # [B, T, d_model]
+
+
+def run(attn, cfg, x):
+    pos = build_positional(cfg)
+    T = x.shape[1]
+    return attn(x, pos, torch.arange(T), T)[0]
+
+
+def split_qkv(attn, cfg):
+    d, kv = cfg.d_model, cfg.n_kv_head * cfg.head_dim
+    return attn.qkv.weight.split([d, kv, kv], dim=0)
+
+
+def test_fused_qkv_equals_per_head_projections():
+    cfg = ModelConfig(d_model=64, n_head=4, pos="nope")
+    attn = Attention(cfg)
+    x = torch.randn(2, 10, 64)
+    wq, wk, wv = split_qkv(attn, cfg)
+    expected = reference_mha(x, wq, wk, wv, attn.proj.weight, cfg.n_head)
+    torch.testing.assert_close(run(attn, cfg, x), expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("n_kv_head", [2, 1])
+def test_gqa_equals_mha_with_kv_weights_repeated_per_group(n_kv_head):
+    gqa_cfg = ModelConfig(d_model=64, n_head=4, n_kv_head=n_kv_head, pos="rope")
+    mha_cfg = ModelConfig(d_model=64, n_head=4, pos="rope")
+    gqa, mha = Attention(gqa_cfg), Attention(mha_cfg)
+    wq, wk, wv = split_qkv(gqa, gqa_cfg)
+    groups, hd = 4 // n_kv_head, gqa_cfg.head_dim
+    # Query head h reads KV head h // groups: repeat each KV head's rows `groups` times.
+    repeat = lambda w: w.view(n_kv_head, hd, -1).repeat_interleave(groups, dim=0).reshape(-1, 64)  # noqa: E731
+    with torch.no_grad():
+        mha.qkv.weight.copy_(torch.cat([wq, repeat(wk), repeat(wv)]))
+        mha.proj.weight.copy_(gqa.proj.weight)
+    x = torch.randn(2, 12, 64)
+    torch.testing.assert_close(run(gqa, gqa_cfg, x), run(mha, mha_cfg, x), atol=1e-5, rtol=1e-5)
+
+
+def test_mqa_is_gqa_with_one_kv_head():
+    cfg = ModelConfig(d_model=64, n_head=8, n_kv_head=1)
+    attn = Attention(cfg)
+    assert attn.qkv.out_features == 64 + 2 * cfg.head_dim
+
+
+def test_attention_without_positions_or_mask_is_permutation_equivariant():
+    cfg = ModelConfig(d_model=32, n_head=4, pos="nope")
+    attn = Attention(cfg)
+    wq, wk, wv = split_qkv(attn, cfg)
+    x = torch.randn(1, 9, 32)
+    perm = torch.randperm(9)
+    out = reference_mha(x, wq, wk, wv, attn.proj.weight, 4, causal=False)
+    out_perm = reference_mha(x[:, perm], wq, wk, wv, attn.proj.weight, 4, causal=False)
+    torch.testing.assert_close(out_perm, out[:, perm], atol=1e-5, rtol=1e-5)
+
+
+def test_nope_with_causal_mask_is_not_order_blind():
+    # The causal mask breaks the symmetry: token t averages over t + 1 values, so a token's
+    # output depends on how many tokens precede it and which. Permuting the input therefore
+    # does not just permute the output, and a NoPE decoder can learn positions from the mask.
+    model = GPT(ModelConfig(vocab_size=50, d_model=32, n_layer=2, n_head=4, pos="nope")).eval()
+    idx = torch.randint(0, 50, (1, 12))
+    perm = torch.randperm(12)
+    with torch.no_grad():
+        assert not torch.allclose(model(idx[:, perm]), model(idx)[:, perm], atol=1e-4)
+
+
+@pytest.mark.parametrize("pos", ["alibi", "rope", "nope"])
+@pytest.mark.parametrize("n_kv_head", [4, 2, 1])
+def test_chunked_mask_path_equals_explicit_attention(monkeypatch, pos, n_kv_head):
+    monkeypatch.setattr(attention_module, "MASK_CHUNK_ELEMENTS", 2 * 4 * 7 * 40)  # 7 queries a chunk
+    cfg = ModelConfig(d_model=32, n_head=4, n_kv_head=n_kv_head, pos=pos)
+    attn, pe = Attention(cfg), build_positional(cfg)
+    q, k, v = torch.randn(2, 4, 40, 8), torch.randn(2, n_kv_head, 40, 8), torch.randn(2, n_kv_head, 40, 8)
+    positions = torch.arange(40)
+    fast = attn._attend(q, k, v, positions, positions, pe)
+    slow, weights = attn._attend_explicit(q, k, v, positions, positions, pe)
+    torch.testing.assert_close(fast, slow, atol=1e-5, rtol=1e-5)
+    assert torch.allclose(weights.sum(-1), torch.ones(2, 4, 40))
+    assert (weights.triu(1) == 0).all()  # causal
+
+
+def test_alibi_bias_chunks_stay_below_the_materialised_bound(monkeypatch):
+    built = []
+    original = attention_module.Attention._mask
+
+    def spy(q_positions, k_positions, pos, dtype):
+        mask = original(q_positions, k_positions, pos, dtype)
+        built.append(mask.numel())
+        return mask
+
+    monkeypatch.setattr(attention_module.Attention, "_mask", staticmethod(spy))
+    monkeypatch.setattr(attention_module, "MASK_CHUNK_ELEMENTS", 1 << 16)
+    cfg = ModelConfig(vocab_size=50, d_model=32, n_layer=1, n_head=4, pos="alibi")
+    with torch.no_grad():
+        GPT(cfg).eval()(torch.randint(0, 50, (1, 1024)))
+    assert max(built) <= 1 << 16 < 4 * 1024 * 1024
+    assert len(built) == 1024 // ((1 << 16) // (4 * 1024))
+
+
+def test_sdpa_fast_path_matches_manual_softmax_in_model():
+    cfg = ModelConfig(vocab_size=50, d_model=32, n_layer=2, n_head=4, n_kv_head=2, pos="rope")
+    model = GPT(cfg).eval()
+    idx = torch.randint(0, 50, (2, 16))
+    with torch.no_grad():
+        fast = model(idx)
+        slow, weights = model.attention_maps(idx)
+    torch.testing.assert_close(fast, slow, atol=1e-5, rtol=1e-5)
+    assert len(weights) == 2 and weights[0].shape == (2, 4, 16, 16)
+
+
+def test_sdpa_scale_is_one_over_sqrt_head_dim():
+    q, k, v = torch.randn(1, 1, 3, 16), torch.randn(1, 1, 3, 16), torch.randn(1, 1, 3, 16)
+    manual = torch.softmax(q @ k.transpose(-2, -1) / 4.0, dim=-1) @ v
+    torch.testing.assert_close(F.scaled_dot_product_attention(q, k, v), manual)

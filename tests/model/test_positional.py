@@ -1,0 +1,92 @@
+"""Positional encodings against their papers' formulas."""
+
+import math
+
+import pytest
+import torch
+
+from nanoattn import GPT, ModelConfig
+from nanoattn.model.positional import REGISTRY, alibi_slopes, build_positional, sinusoidal_table
+
+
+def test_registry_names_match_the_config_choices():
+    assert set(REGISTRY) == {"sinusoidal", "learned", "rope", "alibi", "nope"}
+
+
+@pytest.mark.parametrize("pos,i", [(0, 0), (1, 0), (7, 3), (100, 10), (4000, 31), (12345, 1)])
+def test_sinusoidal_equals_the_seed_formula(pos, i):
+    d = 64
+    table = sinusoidal_table(torch.tensor([pos]), d)[0]
+    angle = pos / 10000 ** (2 * i / d)
+    assert table[2 * i].item() == pytest.approx(math.sin(angle), abs=2e-4)
+    assert table[2 * i + 1].item() == pytest.approx(math.cos(angle), abs=2e-4)
+
+
+def test_sinusoidal_is_defined_far_past_the_training_length():
+    model = GPT(ModelConfig(vocab_size=20, d_model=16, n_layer=1, n_head=2, max_seq_len=8, pos="sinusoidal"))
+    assert model(torch.zeros(1, 64, dtype=torch.long)).isfinite().all()
+
+
+def test_learned_past_its_table_is_a_clear_error():
+    model = GPT(ModelConfig(vocab_size=20, d_model=16, n_layer=1, n_head=2, max_seq_len=8, pos="learned"))
+    model(torch.zeros(1, 8, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"length 9 is past the learned position table.*max_seq_len=8"):
+        model(torch.zeros(1, 9, dtype=torch.long))
+
+
+def rotated_scores(rope, q, k, m, n):
+    qm = rope.rotate(q, torch.tensor([m]), m + 1)
+    kn = rope.rotate(k, torch.tensor([n]), n + 1)
+    return (qm * kn).sum(-1)
+
+
+@pytest.mark.parametrize("offset", [1, 17, 1000, 5000])
+def test_rope_scores_depend_only_on_relative_position(offset):
+    rope = build_positional(ModelConfig(d_model=64, n_head=2, pos="rope"))
+    q, k = torch.randn(1, 1, 1, 32), torch.randn(1, 1, 1, 32)
+    for m, n in [(5, 2), (10, 10), (3, 0), (40, 1)]:
+        base = rotated_scores(rope, q, k, m, n)
+        shifted = rotated_scores(rope, q, k, m + offset, n + offset)
+        # float32 phases (as in transformers) carry ~pos * 6e-8 rad of error: ~3e-4 at 5000.
+        torch.testing.assert_close(shifted, base, atol=2e-3, rtol=1e-3)
+    assert not torch.allclose(rotated_scores(rope, q, k, 5, 2), rotated_scores(rope, q, k, 5, 3))
+
+
+def test_rope_rotation_is_half_split_with_llama_frequencies():
+    rope = build_positional(ModelConfig(d_model=8, n_head=1, pos="rope", rope_theta=10000.0))
+    x = torch.randn(1, 1, 1, 8)
+    m = 3
+    out = rope.rotate(x, torch.tensor([m]), m + 1)[0, 0, 0]
+    for i in range(4):
+        angle = m / 10000 ** (2 * i / 8)
+        a, b = x[0, 0, 0, i], x[0, 0, 0, i + 4]
+        cos, sin = math.cos(angle), math.sin(angle)
+        assert out[i].item() == pytest.approx((a * cos - b * sin).item(), abs=1e-5)
+        assert out[i + 4].item() == pytest.approx((b * cos + a * sin).item(), abs=1e-5)
+
+
+def test_rope_phase_is_float32_under_bf16_autocast():
+    rope = build_positional(ModelConfig(d_model=64, n_head=1, pos="rope"))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        cos, _ = rope.cos_sin(5000, torch.device("cpu"))
+    assert cos.dtype == torch.float32
+    assert cos[4999, 0].item() == pytest.approx(math.cos(4999.0), abs=1e-3)
+
+
+def test_alibi_slopes_for_eight_heads_are_powers_of_one_half():
+    assert alibi_slopes(8) == [2.0**-k for k in range(1, 9)]
+
+
+def test_alibi_slopes_for_non_powers_of_two_follow_the_paper():
+    assert alibi_slopes(6) == pytest.approx([1 / 4, 1 / 16, 1 / 64, 1 / 256, 1 / 2, 1 / 8])
+    expected_12 = [2.0**-k for k in range(1, 9)] + [2.0 ** -(k + 0.5) for k in range(0, 4)]
+    assert alibi_slopes(12) == pytest.approx(expected_12)
+
+
+def test_alibi_bias_is_minus_slope_times_distance_not_scaled():
+    alibi = build_positional(ModelConfig(d_model=64, n_head=4, pos="alibi"))
+    bias = alibi.bias(torch.arange(5), torch.arange(5))
+    slopes = alibi_slopes(4)
+    assert bias.shape == (4, 5, 5)
+    assert bias[1, 4, 0].item() == pytest.approx(-slopes[1] * 4)
+    assert bias[3, 2, 2].item() == 0.0
