@@ -55,7 +55,7 @@ _EXTRA_DEFAULTS: dict[str, dict[str, Any]] = {
         "attention_factor": None,  # None: derived from factor (and mscale / mscale_all_dim)
         "mscale": None,
         "mscale_all_dim": None,
-        "truncate": True,  # floor/ceil the ramp ends (transformers >= 4.56; gpt-oss sets False)
+        "truncate": True,  # floor/ceil the ramp ends (in transformers 4.57+; gpt-oss sets False)
     },
     "llama3": {"low_freq_factor": 1.0, "high_freq_factor": 4.0},
 }
