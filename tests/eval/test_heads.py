@@ -1,0 +1,374 @@
+"""Head analysis: slow path = fast path, hand-built heads get their kind, masking, importance, pruning.
+
+References: a model whose weights are set by hand so each head's attention is known; the uniform
+attention of a zero-query head against the closed-form entropy and offsets; a zeroed W_O for
+"no attention sublayer"; masks applied to the concatenated head outputs read off W_O's input.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+import nanoattn.model.attention as attention_module
+from nanoattn import GPT, ModelConfig
+from nanoattn.config import DataConfig, TokenizerConfig
+from nanoattn.data import EOT, prepare_data
+from nanoattn.data.tokenizer import build_tokenizer
+from nanoattn.eval.heads import (
+    BROAD_MIN_ENTROPY,
+    FIRST_QUERY,
+    LOCAL_MAX_OFFSET,
+    POSITIONAL_MASS,
+    HeadAnalysisConfig,
+    ablation_importance,
+    analyze_heads,
+    attention_maps,
+    classify_head,
+    delimiter_ids,
+    gradient_importance,
+    head_statistics,
+    least_important,
+    mean_loss,
+    plot_attention_grid,
+    plot_attention_head,
+    prune_heads,
+    pruning_curve,
+    resolve_data_dir,
+)
+from nanoattn.model.positional import REGISTRY
+from nanoattn.train.checkpoint import save_checkpoint
+
+ROOT = Path(__file__).resolve().parents[2]
+LAYOUTS = {"mha": 4, "gqa": 2, "mqa": 1}
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """These models are tiny: one thread beats two contended ones on a shared 2-core machine (~10x)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def small_model(n_kv_head: int = 4, seed: int = 0, **overrides) -> GPT:
+    torch.manual_seed(seed)
+    fields = dict(vocab_size=50, d_model=32, n_layer=2, n_head=4, n_kv_head=n_kv_head, max_seq_len=32)
+    return GPT(ModelConfig(**{**fields, **overrides})).eval()
+
+
+def random_batches(n: int = 3, batch_size: int = 2, seq_len: int = 16, vocab: int = 50, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    windows = [torch.randint(0, vocab, (batch_size, seq_len + 1), generator=g) for _ in range(n)]
+    return [(w[:, :-1], w[:, 1:]) for w in windows]
+
+
+# --- slow path = fast path ------------------------------------------------------------------------------
+
+ENCODINGS = [(pos, None) for pos in REGISTRY] + [
+    ("rope", {"type": "linear", "factor": 2.0}),
+    ("rope", {"type": "yarn", "factor": 4.0}),
+    ("rope", {"type": "dynamic", "factor": 2.0}),
+]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize(("pos", "scaling"), ENCODINGS,
+                         ids=[f"{p}-{(s or {}).get('type', '')}" for p, s in ENCODINGS])
+def test_attention_maps_slow_path_equals_fast_path(monkeypatch, pos, scaling, layout):
+    # Small chunks so the bias path (ALiBi) really splits its queries.
+    monkeypatch.setattr(attention_module, "MASK_CHUNK_ELEMENTS", 2 * 4 * 5 * 24)
+    model = small_model(LAYOUTS[layout], pos=pos, rope_scaling=scaling)
+    idx = torch.randint(0, 50, (2, 24))
+    mask = torch.tensor([[1.0, 0.0, 0.5, 1.0], [0.0, 1.0, 1.0, 2.0]])
+    for head_mask in (None, mask):
+        with torch.no_grad():
+            fast = model(idx, head_mask=head_mask)
+            slow, weights = model.attention_maps(idx, head_mask=head_mask)
+        torch.testing.assert_close(slow, fast, atol=1e-5, rtol=1e-5)
+        for w in weights:
+            assert w.shape == (2, 4, 24, 24)
+            torch.testing.assert_close(w.sum(-1), torch.ones(2, 4, 24))
+            assert (w.triu(1) == 0).all()  # causal
+
+
+# --- a model with known heads ---------------------------------------------------------------------------
+
+T, VOCAB, DELIMITERS = 32, 8, (0, 1)
+POINTER_KINDS = ["previous_token", "first_token", "current_token", "delimiter", "broad"]
+
+
+def pointer_model() -> GPT:
+    """One layer, five heads set by hand: previous token, first token, itself, delimiters, uniform.
+
+    The residual input is x_t = e_{pos(t)} (one-hot in dims 0..31, a learned table set to the
+    identity) + e_32 when token t is a delimiter. RMSNorm scales it to entries of about 9-13, and
+    the query/key rows below read those coordinates, so the intended key scores about 20-28 and
+    every other key 0. Causal attention includes the query itself, so a previous-token head needs
+    q_i to match k_{i-1}: its query rows are the key rows shifted by one position.
+    """
+    cfg = ModelConfig(vocab_size=VOCAB, d_model=160, n_layer=1, n_head=5, max_seq_len=T, pos="learned",
+                      norm="rmsnorm", mlp="gelu", bias=False, tie_embeddings=False)
+    model = GPT(cfg).eval()
+    D, eye = cfg.head_dim, torch.eye(T)
+    W = torch.zeros(3 * cfg.d_model, cfg.d_model)  # fused [q; k; v] rows, each block 5 heads x 32
+
+    def q(h):
+        return slice(h * D, (h + 1) * D)
+
+    def k(h):
+        return slice(cfg.d_model + h * D, cfg.d_model + (h + 1) * D)
+
+    W[q(0), :T] = torch.diag(torch.ones(T - 1), 1)  # q_i = e_{i-1}
+    W[k(0), :T] = eye  # k_j = e_j
+    W[q(1).start, :T] = 1.0  # every query = e_0 ...
+    W[k(1), :T] = eye  # ... matches key 0 only
+    W[q(2), :T] = eye
+    W[k(2), :T] = eye
+    W[q(3).start, :T] = 1.0  # a constant query ...
+    W[k(3).start, T] = 1.0  # ... matches the delimiter flag
+    # head 4: zero queries, so uniform attention over the visible prefix
+    with torch.no_grad():
+        model.blocks[0].attn.qkv.weight.copy_(W)
+        model.tok_emb.weight.zero_()
+        model.tok_emb.weight[list(DELIMITERS), T] = 1.0
+        model.pos.table.weight.copy_(torch.eye(T, cfg.d_model))
+    return model
+
+
+def test_hand_built_heads_are_classified_and_match_closed_forms():
+    model = pointer_model()
+    batches = random_batches(n=2, batch_size=4, seq_len=T, vocab=VOCAB)
+    maps = attention_maps(model, batches[0][0])[:, 0]  # [B, 5, T, T]
+    assert (torch.diagonal(maps[:, 0], offset=-1, dim1=-2, dim2=-1) > 0.99).all()
+    assert (maps[:, 1, :, 0] > 0.99).all()
+    assert (torch.diagonal(maps[:, 2], dim1=-2, dim2=-1) > 0.99).all()
+
+    heads = head_statistics(model, batches, DELIMITERS)
+    assert [r["kind"] for r in heads] == POINTER_KINDS
+    assert heads[0]["prev_token_mass"] > 0.99 and heads[0]["mean_offset"] == pytest.approx(1.0, abs=1e-2)
+    assert heads[2]["current_token_mass"] > 0.99 and heads[2]["entropy"] < 1e-2
+    # The uniform head: query i spreads 1/(i+1) over keys 0..i.
+    i = torch.arange(FIRST_QUERY, T, dtype=torch.float64)
+    uniform = heads[4]
+    assert uniform["entropy"] == pytest.approx(float(torch.log(i + 1).mean()), rel=1e-5)
+    assert uniform["normalized_entropy"] == pytest.approx(1.0, rel=1e-5)
+    assert uniform["mean_offset"] == pytest.approx(float((i / 2).mean()), rel=1e-5)
+    assert uniform["first_token_mass"] == pytest.approx(float((1 / (i + 1)).mean()), rel=1e-5)
+    assert uniform["prev_token_mass"] == pytest.approx(float((1 / (i + 1)).mean()), rel=1e-5)
+    share = torch.cat([torch.isin(x, torch.tensor(DELIMITERS)).double().cumsum(1)[:, FIRST_QUERY:] / (i + 1)
+                       for x, _ in batches])  # [windows, queries]: delimiters among the visible keys
+    assert uniform["delimiter_mass"] == pytest.approx(float(share.mean()), rel=1e-5)
+    assert [r["kv_group"] for r in heads] == [0, 1, 2, 3, 4]
+
+
+def test_kind_rules_and_their_thresholds():
+    base = dict(first_token_mass=0.1, prev_token_mass=0.1, current_token_mass=0.1, delimiter_mass=0.2,
+                mean_offset=20.0, normalized_entropy=0.9)
+    assert classify_head(base) == "broad"
+    assert classify_head({**base, "normalized_entropy": BROAD_MIN_ENTROPY - 0.01}) == "mixed"
+    assert classify_head({**base, "mean_offset": LOCAL_MAX_OFFSET}) == "local"
+    assert classify_head({**base, "delimiter_mass": 0.5}) == "delimiter"
+    assert classify_head({**base, "current_token_mass": POSITIONAL_MASS}) == "current_token"
+    previous = {**base, "prev_token_mass": POSITIONAL_MASS, "delimiter_mass": 0.9}  # position wins
+    assert classify_head(previous) == "previous_token"
+    assert classify_head({**base, "first_token_mass": 0.8, "mean_offset": 1.0}) == "first_token"
+
+
+@pytest.mark.parametrize("kind", ["bpe", "char", "byte"])
+def test_delimiters_come_from_the_decoded_token_strings(kind):
+    text = ("Now is the winter of our discontent, made glorious summer by this sun of York;\n"
+            "and all the clouds that lour'd upon our house -- in the deep bosom of the ocean buried!\n\n"
+            "What? Is it so... Then tell me, friend: where is thy master, and where thy horse?\n") * 3
+    tokenizer = build_tokenizer(TokenizerConfig(type=kind, vocab_size=280), [text])
+    found = set(delimiter_ids(tokenizer))
+    for mark in [",", ";", "\n", "?", "!", ":", "-"]:
+        (token,) = tokenizer.encode(mark).ids
+        assert token in found, mark
+    assert tokenizer.token_to_id(EOT) in found
+    for word in ["winter", "York", "master", " ", "12"]:
+        assert not found & set(tokenizer.encode(word).ids), word
+
+
+# --- masking --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("bias", [False, True])
+def test_masking_every_head_of_a_layer_removes_its_attention_sublayer(layout, bias):
+    model = small_model(LAYOUTS[layout], bias=bias, pos="learned" if bias else "rope")
+    idx = torch.randint(0, 50, (2, 16))
+    removed = copy.deepcopy(model)
+    with torch.no_grad():
+        removed.blocks[1].attn.proj.weight.zero_()  # the heads' output is gone; W_O's bias stays
+        expected = removed(idx)
+        masked = model(idx, head_mask=prune_heads(model, [(1, h) for h in range(4)]))
+        torch.testing.assert_close(masked, expected, atol=1e-6, rtol=1e-6)
+        assert not torch.allclose(model(idx), expected, atol=1e-4)
+
+
+@pytest.mark.parametrize("layout", ["gqa", "mqa"])
+def test_pruning_a_query_head_leaves_the_rest_of_its_kv_group_unchanged(layout):
+    model = small_model(LAYOUTS[layout])
+    group = 4 // LAYOUTS[layout]
+    captured = []
+    hook = model.blocks[1].attn.proj.register_forward_pre_hook(lambda _, args: captured.append(args[0]))
+    idx = torch.randint(0, 50, (2, 16))
+    with torch.no_grad():
+        model(idx)
+        model(idx, head_mask=prune_heads(model, [(1, 1)]))
+    hook.remove()
+    full, pruned = (c.view(2, 16, 4, 8) for c in captured)  # [B, T, n_head, head_dim]: W_O's input
+    assert (pruned[:, :, 1] == 0).all() and not (full[:, :, 1] == 0).all()
+    for head in (0, 2, 3):  # head 0 shares head 1's K/V (group of `group`), the others do not
+        torch.testing.assert_close(pruned[:, :, head], full[:, :, head], atol=0, rtol=0)
+    assert 0 // group == 1 // group
+
+
+def test_prune_heads_builds_the_mask_and_rejects_bad_pairs():
+    model = small_model()
+    mask = prune_heads(model, [(0, 3), [1, 0]])
+    expected = torch.ones(2, 4)
+    expected[0, 3] = expected[1, 0] = 0
+    assert torch.equal(mask, expected)
+    for bad in [(2, 0), (0, 4), (-1, 0), (0,), ("a", 1)]:
+        with pytest.raises(ValueError, match=r"head=.* is invalid: expected \[layer, head\] with 0 <= layer"):
+            prune_heads(model, [bad])
+
+
+# --- importance and pruning -----------------------------------------------------------------------------
+
+
+def test_ablation_importance_is_the_loss_increase_of_masking_each_head():
+    model, batches = small_model(2), random_batches()
+    importance = ablation_importance(model, batches)
+    x, y = torch.cat([b[0] for b in batches]), torch.cat([b[1] for b in batches])
+    with torch.no_grad():
+        base = float(model.loss(x, y))
+        mask = torch.ones(2, 4)
+        mask[1, 2] = 0
+        assert importance[1, 2] == pytest.approx(float(model.loss(x, y, head_mask=mask)) - base, abs=1e-6)
+    assert mean_loss(model, batches) == pytest.approx(base, abs=1e-6)
+
+
+def test_gradient_importance_is_the_mean_absolute_mask_gradient():
+    model, batches = small_model(2), random_batches()
+    expected = torch.zeros(2, 4, dtype=torch.float64)
+    for x, y in batches:
+        mask = torch.ones(2, 4, requires_grad=True)
+        model.loss(x, y, head_mask=mask).backward()
+        expected += mask.grad.abs().double() / len(batches)
+    torch.testing.assert_close(gradient_importance(model, batches), expected)
+
+
+@pytest.mark.parametrize("method", [ablation_importance, gradient_importance])
+def test_importance_ordering_is_stable_and_finds_an_amplified_head(method):
+    orders = []
+    for _ in range(2):
+        model, batches = small_model(2, seed=3), random_batches(seed=5)
+        with torch.no_grad():
+            model.blocks[1].attn.proj.weight[:, 2 * 8:3 * 8] *= 30.0  # head (1, 2) now dominates layer 1
+        importance = method(model, batches)
+        orders.append(least_important(importance, 1.0))
+        assert orders[-1][-1] == (1, 2)
+    assert orders[0] == orders[1]
+
+
+@pytest.mark.parametrize("scope", ["global", "layer"])
+def test_pruning_curve_starts_at_the_unpruned_loss_and_masks_the_least_important(scope):
+    model, batches = small_model(2), random_batches()
+    importance = ablation_importance(model, batches)
+    curve = pruning_curve(model, batches, importance, scope=scope, steps=4)
+    assert curve[0]["pruned"] == 0 and curve[0]["loss"] == mean_loss(model, batches)
+    assert [r["fraction"] for r in curve] == [0.0, 0.25, 0.5, 0.75, 1.0]
+    ranked = sorted((float(importance[l, h]), l, h) for l in range(2) for h in range(4))
+    for row in curve:
+        heads = [tuple(pair) for pair in row["heads"]]
+        if scope == "global":
+            assert heads == [(l, h) for _, l, h in ranked[:row["pruned"]]]
+        else:  # the same number in each layer, the lowest of that layer
+            per_layer = [[(l, h) for _, l, h in ranked if l == layer] for layer in range(2)]
+            assert heads == per_layer[0][:row["pruned"] // 2] + per_layer[1][:row["pruned"] // 2]
+        assert row["loss"] == pytest.approx(mean_loss(model, batches, prune_heads(model, heads)), abs=1e-9)
+        assert row["loss_increase"] == pytest.approx(row["loss"] - curve[0]["loss"], abs=1e-12)
+
+
+# --- plots, the whole analysis, the script --------------------------------------------------------------
+
+
+def test_attention_plots_have_one_panel_per_head(tmp_path):
+    maps = torch.softmax(torch.randn(2, 3, 10, 10), -1).tril()
+    fig = plot_attention_grid(maps, tmp_path / "grid.png")
+    assert len(fig.axes) == 6 and (tmp_path / "grid.png").read_bytes()[:4] == b"\x89PNG"
+    fig = plot_attention_head(maps[1, 2], tmp_path / "one.png", "L1 H2", [f"t{i}$" for i in range(10)])
+    assert [t.get_text() for t in fig.axes[0].get_xticklabels()][:2] == ["t0$", "t1$"]
+    assert (tmp_path / "one.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    """A run directory: a random model's checkpoint, a tiny char corpus, the config.yaml naming it."""
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    for n in range(6):
+        (docs / f"{n}.txt").write_text(f"Scene {n}. Enter the king, and lords;\nWho goes there? " * 40)
+    data = prepare_data(DataConfig(name="tiny", corpus="text", paths=[str(docs)], root=str(tmp_path / "data"),
+                                   val_fraction=0.3, tokenizer=TokenizerConfig(type="char")))
+    vocab = json.loads((data / "meta.json").read_text())["tokenizer"]["vocab_size"]
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(vocab_size=vocab, d_model=32, n_layer=2, n_head=4, n_kv_head=2, max_seq_len=32))
+    run = tmp_path / "run"
+    save_checkpoint(run / "checkpoints", "10", model, train_seq_len=32, step=10,
+                    tokenizer_file=data / "tokenizer.json")
+    (run / "config.yaml").write_text(f"data:\n  root: {tmp_path / 'data'}\n  name: tiny\n")
+    return run
+
+
+def test_analyze_heads_writes_the_report_and_plots(run_dir, tmp_path):
+    assert resolve_data_dir(run_dir) == tmp_path / "data" / "tiny"
+    assert resolve_data_dir(run_dir / "checkpoints" / "10") == tmp_path / "data" / "tiny"
+    assert resolve_data_dir(run_dir, "elsewhere") == Path("elsewhere")
+    out = tmp_path / "out"
+    lines = []
+    report = analyze_heads(HeadAnalysisConfig(ckpt=str(run_dir), out_dir=str(out), seq_len=16, batch_size=2,
+                                              n_batches=2, head=[1, 3], prune_steps=4, map_len=20),
+                           log=lines.append)
+    on_disk = json.loads((out / "heads.json").read_text())
+    assert on_disk == json.loads(json.dumps(report))
+    assert len(on_disk["heads"]) == 8
+    for record in on_disk["heads"]:
+        assert {"layer", "head", "kind", "entropy", "mean_offset", "prev_token_mass", "first_token_mass",
+                "delimiter_mass", "importance"} <= set(record)
+        assert 0 <= record["entropy"] <= math.log(16)
+    assert on_disk["pruning"][0]["pruned"] == 0 and on_disk["pruning"][0]["loss"] == on_disk["base_loss"]
+    assert on_disk["pruning"][-1]["pruned"] == 8
+    for name in ["attention_maps.png", "importance.png", "pruning.png", "attention_L1H3.png"]:
+        assert (out / name).read_bytes()[:4] == b"\x89PNG", name
+    assert any(line.startswith("| layer | head | kind") for line in lines)
+
+
+def test_config_composes_and_the_script_reports_mistakes_in_one_line(run_dir):
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        cfg = compose("analyze_heads", overrides=["ckpt=runs/x", "head=[0,1]", "importance=gradient"])
+    parsed = HeadAnalysisConfig.from_dict(OmegaConf.to_container(cfg, resolve=True))
+    assert (parsed.ckpt, parsed.head, parsed.importance, parsed.out_dir) == ("runs/x", [0, 1], "gradient",
+                                                                             None)
+    with pytest.raises(ValueError, match=re.escape("analyze_heads.prune_scope='all' is invalid: allowed:")):
+        HeadAnalysisConfig(ckpt="x", prune_scope="all")
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "analyze_heads.py"), f"ckpt={run_dir}",
+                           "head=[5,0]"], capture_output=True, text=True, cwd=run_dir.parent)
+    assert done.returncode == 1
+    assert done.stderr.strip() == ("error: head=[5, 0] is invalid: expected [layer, head] with "
+                                   "0 <= layer < 2 and 0 <= head < 4")
+    assert sorted(p.name for p in run_dir.parent.iterdir()) == ["data", "docs", "run"]  # nothing littered
