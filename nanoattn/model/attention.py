@@ -64,15 +64,9 @@ class Attention(nn.Module):
         v = v.view(B, T, Hkv, D).transpose(1, 2)  # [B, Hkv, T, D]
 
         q = pos.rotate(q, positions, seq_len)
-        if cache is not None and pos.length_dependent_rotation:
-            # Dynamic NTK: the base depends on seq_len, so keys are cached un-rotated and all of
-            # them are rotated with the current base; cached decoding then equals recomputation.
-            k, v = cache.update(layer, k, v)
-            k = pos.rotate(k, torch.arange(seq_len, device=x.device), seq_len)
-        else:
-            k = pos.rotate(k, positions, seq_len)
-            if cache is not None:
-                k, v = cache.update(layer, k, v)
+        k = pos.rotate(k, positions, seq_len)
+        if cache is not None:
+            k, v = cache.update(layer, k, v)  # [B, Hkv, seq_len, D]
         k, v = k.to(q.dtype), v.to(q.dtype)
         k_positions = torch.arange(seq_len - k.shape[2], seq_len, device=x.device)
 

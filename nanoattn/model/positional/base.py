@@ -17,8 +17,7 @@ from torch import nn
 
 class PositionalEncoding(nn.Module):
     adds_bias: bool = False  # True when ``bias`` returns a tensor; attention then takes the bias path
-    # True when a key's rotation depends on the current sequence length (dynamic NTK): the KV
-    # cache then stores un-rotated keys and every step rotates all of them with the current base.
+    # True when the rotation at a position depends on the sequence length (dynamic NTK).
     length_dependent_rotation: bool = False
 
     def embed(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -35,3 +34,11 @@ class PositionalEncoding(nn.Module):
 
     def check_length(self, seq_len: int) -> None:
         """Raise ValueError when the encoding is undefined at positions up to seq_len - 1."""
+
+    def rotation_changes(self, old_len: int, new_len: int) -> bool:
+        """True when q and k are rotated differently at seq_len new_len than at old_len.
+
+        Every cached key and value then belongs to an older rotation (past the first layer even
+        through the hidden states), so exact decoding must re-encode the sequence (generate.py).
+        """
+        return False

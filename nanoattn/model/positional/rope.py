@@ -46,6 +46,13 @@ class RotaryPositionalEncoding(PositionalEncoding):
         self._tables[device] = (seq_len if self.length_dependent_rotation else length, cos, sin)
         return cos, sin
 
+    def rotation_changes(self, old_len: int, new_len: int) -> bool:
+        if not self.length_dependent_rotation:
+            return False
+        (old, old_factor), (new, new_factor) = (
+            rope_frequencies(self.head_dim, self.theta, self.scaling, seq_len=n) for n in (old_len, new_len))
+        return old_factor != new_factor or not torch.equal(old, new)
+
     def rotate(self, x: torch.Tensor, positions: torch.Tensor, seq_len: int) -> torch.Tensor:
         cos, sin = self.cos_sin(seq_len, x.device)
         cos, sin = cos[positions].to(x.dtype), sin[positions].to(x.dtype)  # [T, head_dim // 2]

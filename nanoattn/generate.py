@@ -1,0 +1,468 @@
+"""Sampling with an exact KV cache, from tensors up to the ``scripts/sample.py`` command.
+
+Design:
+- ``Decoding`` is an iterator: each step appends one token per sequence. The first step
+  prefills the whole prompt in one pass into a ``KVCache`` sized to prompt + max_new_tokens
+  (never the model's maximum); every later step feeds only the token just chosen, at
+  position ``cache.length``. Cached decoding is the same computation as re-encoding the
+  whole sequence (tests check logits and greedy tokens for every encoding and attention
+  layout); ``use_cache=False`` re-encodes instead, for comparison.
+- Dynamic NTK changes the RoPE base with the length. Re-rotating cached keys would fix the
+  first layer only: deeper layers' cached keys and values were computed from hidden states
+  under the old base. So whenever the encoding says its rotation changed
+  (``rotation_changes``) the cache starts over with the whole sequence: exact, and past the
+  original length as costly as no cache (the base changes at every step there).
+- The cache stores what the model computes in: the autocast dtype under autocast, else the
+  parameters' dtype.
+- Encodings defined at any length (sinusoidal, RoPE and its scalings, ALiBi, NoPE) decode
+  past ``max_seq_len``. The model's own ``check_length`` decides, before the first step,
+  whether prompt + max_new_tokens is defined (a learned table is not past its size); this
+  module never branches on the encoding's name. ``sliding_window=True`` instead re-encodes the
+  last ``max_seq_len`` tokens without a cache once the sequence is longer: one full forward of
+  max_seq_len tokens per new token.
+- Logits become a token in a fixed order, as in transformers: repetition penalty (CTRL),
+  temperature, then the registered filters top-k, top-p, min-p. ``temperature=0`` is greedy.
+- A sequence ends when it picks a stop token; it then repeats that token, so the batch stays
+  rectangular, and decoding ends early once every sequence has stopped.
+- Text: stop *strings* are matched on decoded text (a string may span tokens, a token may
+  hold half of one), and streamed text is held back while it could still be the start of a
+  stop string or an incomplete UTF-8 character.
+- Everything runs under ``torch.inference_mode()``; ``generate`` returns an ordinary tensor.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import re
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple, TextIO
+
+import torch
+
+from nanoattn.config import _check_choice, _check_positive_int, _fail, from_dict
+from nanoattn.model import GPT, KVCache
+from nanoattn.train.checkpoint import load_checkpoint
+
+OWNER = "generate"
+
+
+def _is_real(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+# ----------------------------------------------------------------------------- logit filters
+
+
+def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
+    """Keep the k largest logits [B, V] (ties with the k-th kept too); the rest become -inf."""
+    kth = logits.topk(min(k, logits.shape[-1]), dim=-1).values[:, -1:]  # [B, 1]
+    return logits.masked_fill(logits < kth, float("-inf"))
+
+
+def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
+    """Nucleus sampling (Holtzman et al. 2020): keep the smallest set of most likely tokens with mass >= p."""
+    if p >= 1:  # everything; a float32 cumsum may reach 1 before the last tokens and drop them
+        return logits
+    probs, order = logits.softmax(dim=-1).sort(dim=-1, descending=True)  # [B, V] each
+    # A token is dropped when the tokens ranked above it already hold mass p; the first never is.
+    drop_sorted = probs.cumsum(dim=-1) - probs >= p  # [B, V]
+    drop = drop_sorted.scatter(-1, order, drop_sorted)  # [B, V], back in vocabulary order
+    return logits.masked_fill(drop, float("-inf"))
+
+
+def min_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
+    """Min-p (Nguyen et al. 2024): keep tokens whose probability is at least p times the top one's."""
+    probs = logits.softmax(dim=-1)  # [B, V]
+    return logits.masked_fill(probs < p * probs.amax(dim=-1, keepdim=True), float("-inf"))
+
+
+class LogitFilter(NamedTuple):
+    apply: Callable[[torch.Tensor, Any], torch.Tensor]
+    valid: Callable[[Any], bool]
+    allowed: str
+
+
+# Applied in this order after temperature; an argument of None skips its filter.
+LOGIT_FILTERS: dict[str, LogitFilter] = {
+    "top_k": LogitFilter(top_k_filter, lambda k: isinstance(k, int) and not isinstance(k, bool) and k >= 1,
+                         "must be a positive integer or None"),
+    "top_p": LogitFilter(top_p_filter, lambda p: _is_real(p) and 0 < p <= 1, "must be in (0, 1] or None"),
+    "min_p": LogitFilter(min_p_filter, lambda p: _is_real(p) and 0 <= p <= 1, "must be in [0, 1] or None"),
+}
+
+
+def apply_repetition_penalty(logits: torch.Tensor, idx: torch.Tensor, penalty: float) -> torch.Tensor:
+    """CTRL's penalty (Keskar et al. 2019) over tokens in idx [B, T]: positive logits [B, V] are
+    divided by it, negative ones multiplied, once per distinct token however often it occurs."""
+    seen = logits.gather(-1, idx)  # [B, T]
+    return logits.scatter(-1, idx, torch.where(seen > 0, seen / penalty, seen * penalty))
+
+
+# ----------------------------------------------------------------------------- decoding
+
+
+def compute_dtype(model: GPT, device: torch.device) -> torch.dtype:
+    """The dtype activations come out of the model's matmuls in: autocast's, else the weights'."""
+    if torch.is_autocast_enabled(device.type):
+        return torch.get_autocast_dtype(device.type)
+    return model.tok_emb.weight.dtype
+
+
+@contextlib.contextmanager
+def _eval_mode(model: GPT):
+    """Dropout off while decoding, the caller's mode back after; free when already in eval mode
+    (switching walks every module, a visible cost per token for a tiny model)."""
+    training = model.training
+    if training:
+        model.eval()
+    try:
+        yield
+    finally:
+        if training:
+            model.train()
+
+
+class Decoding:
+    """Decode up to ``max_new_tokens`` after ``idx`` [B, T]; each ``next()`` returns the new tokens [B].
+
+    ``idx`` is the prompt plus what was decoded so far, ``finished`` [B] marks sequences that
+    picked a stop token, ``last_logits`` [B, V] float32 are the model's logits of the last step
+    (before any penalty or filter), ``kv_cache_bytes`` is the cache's size (0 without one).
+    These are inference tensors (made under ``torch.inference_mode``): clone them outside it
+    before autograd sees them.
+    """
+
+    @torch.inference_mode()
+    def __init__(self, model: GPT, idx: torch.Tensor, max_new_tokens: int, *, temperature: float = 1.0,
+                 top_k: int | None = None, top_p: float | None = None, min_p: float | None = None,
+                 repetition_penalty: float = 1.0, stop_tokens: Iterable[int] | None = None,
+                 use_cache: bool = True, sliding_window: bool = False,
+                 generator: torch.Generator | None = None) -> None:
+        cfg = model.cfg
+        if not isinstance(idx, torch.Tensor) or idx.dim() != 2 or idx.dtype != torch.long or idx.numel() == 0:
+            _fail(OWNER, "idx", getattr(idx, "shape", idx), "must be a non-empty int64 tensor [B, T]")
+        if int(idx.min()) < 0 or int(idx.max()) >= cfg.vocab_size:
+            _fail(OWNER, "idx", (int(idx.min()), int(idx.max())), f"ids must lie in [0, {cfg.vocab_size})")
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+            _fail(OWNER, "max_new_tokens", max_new_tokens, "must be a non-negative integer")
+        if not (_is_real(temperature) and temperature >= 0):
+            _fail(OWNER, "temperature", temperature, "must be a number >= 0 (0 is greedy)")
+        if not (_is_real(repetition_penalty) and repetition_penalty > 0):
+            _fail(OWNER, "repetition_penalty", repetition_penalty, "must be a number > 0 (1 is none)")
+        values = {"top_k": top_k, "top_p": top_p, "min_p": min_p}
+        for name, value in values.items():
+            if value is not None and not LOGIT_FILTERS[name].valid(value):
+                _fail(OWNER, name, value, LOGIT_FILTERS[name].allowed)
+        stops = sorted(set(stop_tokens or ()))
+        if any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < cfg.vocab_size for t in stops):
+            _fail(OWNER, "stop_tokens", stops, f"must be token ids in [0, {cfg.vocab_size})")
+
+        B, T = idx.shape
+        self.end = T + max_new_tokens
+        self.window = cfg.max_seq_len if sliding_window else None
+        if not sliding_window:
+            try:
+                model.pos.check_length(self.end)
+            except ValueError as e:
+                raise ValueError(f"prompt ({T}) + max_new_tokens ({max_new_tokens}) = {self.end} tokens: "
+                                 f"{e}; sliding_window=True re-encodes the last {cfg.max_seq_len} tokens "
+                                 f"at each step instead") from None
+        self.model, self.device = model, idx.device
+        self.temperature, self.repetition_penalty, self.generator = temperature, repetition_penalty, generator
+        self.filters = [(LOGIT_FILTERS[name].apply, value) for name, value in values.items()
+                        if value is not None]
+        self.stop_tokens = torch.tensor(stops, dtype=torch.long, device=self.device)
+        self.tokens = idx.new_empty(B, self.end)  # [B, T + max_new_tokens], filled up to self.length
+        self.tokens[:, :T] = idx
+        self.length = T
+        self.finished = torch.zeros(B, dtype=torch.bool, device=self.device)
+        self.last_logits: torch.Tensor | None = None
+        self.filled_at = T  # the sequence length the cache's oldest entries were computed at
+        # The cache only serves steps whose whole context fits the window; later ones re-encode.
+        capacity = self.end if self.window is None else min(self.end, self.window)
+        self.cache = (KVCache(cfg, B, capacity, device=self.device, dtype=compute_dtype(model, self.device))
+                      if use_cache and T <= capacity else None)
+
+    @property
+    def idx(self) -> torch.Tensor:
+        return self.tokens[:, :self.length]  # [B, length]
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        return 0 if self.cache is None else self.cache.nbytes
+
+    def __iter__(self) -> Decoding:
+        return self
+
+    @torch.inference_mode()
+    def __next__(self) -> torch.Tensor:
+        if self.length == self.end or bool(self.finished.all()):
+            raise StopIteration
+        with _eval_mode(self.model):
+            self.last_logits = self._next_logits()  # [B, V]
+        token = self._pick(self.last_logits)  # [B]
+        token = torch.where(self.finished, self.tokens[:, self.length - 1], token)  # stopped: repeat
+        self.finished |= torch.isin(token, self.stop_tokens)
+        self.tokens[:, self.length] = token
+        self.length += 1
+        return token
+
+    def _next_logits(self) -> torch.Tensor:
+        context = self.idx  # [B, L]
+        if self.window is not None and context.shape[1] > self.window:
+            return self._last_logits(context[:, -self.window:])
+        if self.cache is None:
+            return self._last_logits(context)
+        if self.cache.length and self.model.pos.rotation_changes(self.filled_at, context.shape[1]):
+            self.cache.length = 0  # cached under another rotation: re-encode everything
+        if self.cache.length == 0:
+            self.filled_at = context.shape[1]
+        # Everything not yet cached: the whole prompt at the first step, then the last token.
+        return self._last_logits(context[:, self.cache.length:], self.cache)
+
+    def _last_logits(self, idx: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        hidden, _ = self.model.hidden_states(idx, cache=cache)  # [B, T, d_model]
+        return self.model.lm_head(hidden[:, -1]).float()  # [B, V]: only the last position is needed
+
+    def _pick(self, logits: torch.Tensor) -> torch.Tensor:
+        if self.repetition_penalty != 1.0:
+            logits = apply_repetition_penalty(logits, self.idx, self.repetition_penalty)
+        if self.temperature == 0:
+            return logits.argmax(dim=-1)  # every filter keeps the argmax, so none applies
+        logits = logits / self.temperature
+        for apply, value in self.filters:
+            logits = apply(logits, value)
+        return torch.multinomial(logits.softmax(dim=-1), 1, generator=self.generator).squeeze(-1)  # [B]
+
+
+def generate(model: GPT, idx: torch.Tensor, max_new_tokens: int, *, temperature: float = 1.0,
+             top_k: int | None = None, top_p: float | None = None, min_p: float | None = None,
+             repetition_penalty: float = 1.0, stop_tokens: Iterable[int] | None = None,
+             use_cache: bool = True, sliding_window: bool = False,
+             generator: torch.Generator | None = None) -> torch.Tensor:
+    """idx [B, T] -> [B, T + n]: n = max_new_tokens, or fewer when every sequence picked a stop token.
+
+    A sequence that stopped early is padded with its stop token repeated. See ``Decoding``.
+    """
+    decoding = Decoding(model, idx, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                        min_p=min_p, repetition_penalty=repetition_penalty, stop_tokens=stop_tokens,
+                        use_cache=use_cache, sliding_window=sliding_window, generator=generator)
+    for _ in decoding:
+        pass
+    return decoding.idx.clone()  # cloned outside inference mode: an ordinary tensor
+
+
+# ----------------------------------------------------------------------------- text
+
+
+class TextStream:
+    """One sample's continuation as text, cut before the first stop string.
+
+    ``push`` takes a token and returns the text that can no longer change: the decoded text
+    minus a tail that is an incomplete UTF-8 character (decoded as U+FFFD) or could still
+    grow into a stop string.
+    """
+
+    def __init__(self, tokenizer, stop: Sequence[str] = ()) -> None:
+        self.tokenizer, self.stop = tokenizer, list(stop)
+        self.ids: list[int] = []
+        self.text, self.emitted, self.done = "", 0, False
+
+    def push(self, token: int) -> str:
+        self.ids.append(token)
+        self.text = self.tokenizer.decode(self.ids)
+        hits = [at for at in (self.text.find(s) for s in self.stop) if at >= 0]
+        if hits:
+            self.text = self.text[:min(hits)]
+            return self.finish()
+        return self._emit(len(self.text) - self._held_back())
+
+    def finish(self) -> str:
+        self.done = True
+        return self._emit(len(self.text))
+
+    def _held_back(self) -> int:
+        held = len(self.text) - len(self.text.rstrip("\ufffd"))
+        for s in self.stop:
+            held = max(held, next((n for n in range(len(s) - 1, 0, -1) if self.text.endswith(s[:n])), 0))
+        return held
+
+    def _emit(self, end: int) -> str:
+        piece = self.text[self.emitted:end]
+        self.emitted = max(self.emitted, end)
+        return piece
+
+
+def sample_text(model: GPT, tokenizer, prompt_ids: Sequence[int], max_new_tokens: int, *,
+                num_samples: int = 1, stop: Sequence[str] = (),
+                on_text: Callable[[int, str], None] | None = None,
+                **options: Any) -> tuple[list[str], Decoding]:
+    """Decode ``num_samples`` continuations of one prompt in a batch; return their texts and the Decoding.
+
+    Each text ends before its first stop string or stop token; ``on_text(sample, piece)`` is
+    called with text as soon as it is final. ``options`` go to ``Decoding``.
+    """
+    idx = torch.tensor([list(prompt_ids)] * num_samples, dtype=torch.long,
+                       device=model.tok_emb.weight.device)  # [num_samples, T]
+    decoding = Decoding(model, idx, max_new_tokens, **options)
+    streams = [TextStream(tokenizer, stop) for _ in range(num_samples)]
+    for token in decoding:
+        for b, (t, finished) in enumerate(zip(token.tolist(), decoding.finished.tolist(), strict=True)):
+            if not streams[b].done:
+                piece = streams[b].finish() if finished else streams[b].push(t)
+                if piece and on_text is not None:
+                    on_text(b, piece)
+        if all(s.done for s in streams):
+            break
+    for b, s in enumerate(streams):
+        piece = s.finish()
+        if piece and on_text is not None:
+            on_text(b, piece)
+    return [s.text for s in streams], decoding
+
+
+# ----------------------------------------------------------------------------- the sample command
+
+DEVICES = ("auto", "cpu", "cuda", "mps")
+DTYPES = ("auto", "float32", "bfloat16")
+_ESCAPES = {"n": "\n", "t": "\t", "\\": "\\"}
+
+
+def unescape(text: str) -> str:
+    r"""Turn the escapes \n, \t and \\ into the characters: a shell and Hydra pass them literally."""
+    return re.sub(r"\\([nt\\])", lambda m: _ESCAPES[m[1]], text)
+
+
+@dataclass
+class SampleConfig:
+    """``scripts/sample.py``'s options (configs/sample.yaml)."""
+
+    ckpt: str | None = None  # a checkpoint directory, or a run directory (its latest checkpoint)
+    prompt: str | None = None  # \n, \t, \\ are escapes; None with no prompt_file: start from <|endoftext|>
+    prompt_file: str | None = None  # a UTF-8 file read as is (no escapes)
+    max_new_tokens: int = 256
+    num_samples: int = 1
+    temperature: float = 0.8  # 0 is greedy
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+    repetition_penalty: float = 1.0
+    stop: list[str] = dataclasses.field(default_factory=list)  # output ends before the first one
+    seed: int = 1337
+    stream: bool = False  # print text as it comes; samples are then decoded one at a time
+    device: str = "auto"  # auto: cuda if available, else cpu
+    dtype: str = "auto"  # auto: bfloat16 on a GPU that has it, else float32
+    sliding_window: bool = False  # past a learned table: re-encode the last max_seq_len tokens per step
+    rope_scaling: dict[str, Any] | None = None  # zero-shot RoPE scaling, e.g. {type: yarn, factor: 4}
+
+    def __post_init__(self) -> None:
+        own = "sample"
+        if not isinstance(self.ckpt, (str, Path)) or not str(self.ckpt):
+            _fail(own, "ckpt", self.ckpt, "pass ckpt=<checkpoint or run directory>")
+        if self.prompt is not None and self.prompt_file is not None:
+            _fail(own, "prompt_file", self.prompt_file, "give prompt= or prompt_file=, not both")
+        for name in ("max_new_tokens", "num_samples"):
+            _check_positive_int(own, name, getattr(self, name))
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        if not isinstance(self.stop, (list, tuple)) or not all(isinstance(s, str) and s for s in self.stop):
+            _fail(own, "stop", self.stop, "must be a list of non-empty strings")
+        self.stop = [unescape(s) for s in self.stop]
+        if self.prompt is not None:
+            self.prompt = unescape(str(self.prompt))
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            _fail(own, "seed", self.seed, "must be an integer")
+        _check_choice(own, "device", self.device, DEVICES)
+        _check_choice(own, "dtype", self.dtype, DTYPES)
+        if self.rope_scaling is not None and not isinstance(self.rope_scaling, Mapping):
+            _fail(own, "rope_scaling", self.rope_scaling, "must be a mapping such as {type: yarn, factor: 4}")
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> SampleConfig:
+        return from_dict(cls, values, owner="sample")
+
+
+def _resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        _fail("sample", "device", name, "no CUDA device is available; use device=cpu or auto")
+    if name == "mps" and not torch.backends.mps.is_available():
+        _fail("sample", "device", name, "no MPS device is available; use device=cpu or auto")
+    return torch.device(name)
+
+
+def _resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
+        return torch.bfloat16 if bf16 else torch.float32
+    return getattr(torch, name)
+
+
+def sample_from_checkpoint(cfg: SampleConfig, *, out: TextIO | None = None,
+                           err: TextIO | None = None) -> list[str]:
+    """Load ``cfg.ckpt``, print the prompt followed by each continuation to ``out`` and a line of
+    speed and KV-cache size to ``err``; return the continuations.
+
+    Samples are decoded as one batch from one generator seeded with ``seed``; with ``stream``
+    they are decoded one after another (a batch cannot be printed as it comes), sample i
+    seeded with ``seed + i``. Either way the same seed gives the same text.
+    """
+    # Imported here so that ``import nanoattn`` does not load the data package.
+    from nanoattn.data.tokenizer import EOT
+
+    out, err = out or sys.stdout, err or sys.stderr
+    device = _resolve_device(cfg.device)
+    dtype = _resolve_dtype(cfg.dtype, device)
+    ckpt = load_checkpoint(cfg.ckpt, rope_scaling=cfg.rope_scaling, device=device)
+    tokenizer = ckpt.tokenizer
+    if tokenizer is None:
+        raise ValueError(f"checkpoint {ckpt.path} has no tokenizer.json: it cannot turn text into tokens")
+    prompt = Path(cfg.prompt_file).read_text(encoding="utf-8") if cfg.prompt_file else cfg.prompt or ""
+    eot = tokenizer.token_to_id(EOT)
+    prompt_ids = tokenizer.encode(prompt).ids if prompt else [eot] if eot is not None else []
+    if not prompt_ids:
+        raise ValueError("sample.prompt is empty and the tokenizer has no <|endoftext|> to start from")
+    options = dict(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, min_p=cfg.min_p,
+                   repetition_penalty=cfg.repetition_penalty, sliding_window=cfg.sliding_window,
+                   stop_tokens=[] if eot is None else [eot], stop=cfg.stop)
+
+    def run(num_samples: int, seed: int, on_text=None) -> tuple[list[str], Decoding]:
+        generator = torch.Generator(device=device).manual_seed(seed)
+        with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
+            return sample_text(ckpt.model, tokenizer, prompt_ids, cfg.max_new_tokens, num_samples=num_samples,
+                               on_text=on_text, generator=generator, **options)
+
+    def separate(i: int) -> None:
+        if i:
+            print("-" * 40, file=out)
+
+    start = time.perf_counter()
+    if cfg.stream:
+        texts, decoded, cache_bytes = [], 0, 0
+        for i in range(cfg.num_samples):
+            separate(i)
+            print(prompt, end="", file=out, flush=True)
+            (text,), decoding = run(1, cfg.seed + i,
+                                    lambda _, piece: print(piece, end="", file=out, flush=True))
+            print(file=out, flush=True)
+            texts.append(text)
+            decoded += decoding.length - len(prompt_ids)
+            cache_bytes = decoding.kv_cache_bytes
+    else:
+        texts, decoding = run(cfg.num_samples, cfg.seed)
+        decoded = cfg.num_samples * (decoding.length - len(prompt_ids))
+        cache_bytes = decoding.kv_cache_bytes
+        for i, text in enumerate(texts):
+            separate(i)
+            print(prompt + text, file=out)
+    seconds = time.perf_counter() - start
+    print(f"decoded {decoded} tokens in {seconds:.2f} s ({decoded / seconds:.1f} tok/s, prefill included); "
+          f"KV cache {cache_bytes:,} bytes ({dtype}, {device})", file=err)
+    return texts

@@ -1,0 +1,160 @@
+"""``scripts/sample.py`` on a tiny random checkpoint: reproducible, and one-line errors.
+
+The command itself runs in subprocesses (several at once, to keep the test short); the
+library function it calls and ``configs/sample.yaml`` are also checked in process.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from omegaconf import OmegaConf
+from tokenizers import AddedToken, Tokenizer, decoders, models
+
+from nanoattn import GPT, ModelConfig
+from nanoattn.generate import SampleConfig, sample_from_checkpoint
+from nanoattn.train.checkpoint import save_checkpoint
+
+ROOT = Path(__file__).resolve().parents[1]
+CHARS = "abcdefghijklmnopqrstuvwxyzRMEO .,:\n"
+MAX_SEQ_LEN = 16
+
+
+def save_tiny(root: Path, pos: str) -> Path:
+    """A random tiny GPT with a char tokenizer (EOT id 0), saved as a run directory."""
+    vocab = {"<|endoftext|>": 0, **{c: i + 1 for i, c in enumerate(CHARS)}}
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tokenizer.decoder = decoders.Fuse()
+    tokenizer.add_special_tokens([AddedToken("<|endoftext|>", special=True)])
+    tokenizer.save(str(root / "tokenizer.json"))
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=len(vocab), d_model=32, n_layer=2, n_head=4, n_kv_head=2, d_ff=64,
+                      max_seq_len=MAX_SEQ_LEN, pos=pos, init_std=0.1)
+    save_checkpoint(root / pos / "checkpoints", "5", GPT(cfg), train_seq_len=MAX_SEQ_LEN, step=5,
+                    tokenizer_file=root / "tokenizer.json")
+    return root / pos
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("runs")
+    return {pos: save_tiny(root, pos) for pos in ("rope", "learned")}
+
+
+def launch(*overrides: str) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen([sys.executable, str(ROOT / "scripts" / "sample.py"), *overrides], cwd=ROOT,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish(process: subprocess.Popen) -> tuple[int, str, str]:
+    out, err = process.communicate(timeout=300)
+    return process.returncode, out, err
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models decode fastest on one thread; on a busy 2-core machine two threads spin-wait."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def sample(runs, pos: str = "rope", **options) -> tuple[list[str], str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    cfg = SampleConfig(ckpt=str(runs[pos]), device="cpu", **{"max_new_tokens": 30, **options})
+    texts = sample_from_checkpoint(cfg, out=out, err=err)
+    return texts, out.getvalue(), err.getvalue()
+
+
+def test_cli_same_seed_same_text_other_seed_differs(runs):
+    options = dict(prompt="ROMEO:", max_new_tokens=40, num_samples=2, temperature=1.0)
+    processes = [launch(f"ckpt={runs['rope']}", f"seed={seed}", *(f"{k}={v}" for k, v in options.items()))
+                 for seed in (7, 8)]
+    _, in_process, _ = sample(runs, seed=7, **options)  # meanwhile: the same seed in this process
+    (rc7, out7, err7), (rc8, out8, _) = [finish(p) for p in processes]
+    assert rc7 == rc8 == 0, err7
+    assert out7 == in_process and out7 != out8
+    assert out7.startswith("ROMEO:") and "-" * 40 in out7  # two samples, each after the prompt
+    last = err7.strip().splitlines()[-1]
+    assert "tok/s" in last and "KV cache" in last and "bytes" in last
+
+
+def test_cli_errors_are_one_line(runs, tmp_path):
+    corrupt = tmp_path / "corrupt"
+    corrupt.mkdir()
+    checkpoint = runs["rope"] / "checkpoints" / "5"
+    for name in ("config.json", "tokenizer.json"):
+        (corrupt / name).write_bytes((checkpoint / name).read_bytes())
+    (corrupt / "model.safetensors").write_bytes(b"not a safetensors file")
+    processes = {"does not exist": launch(f"ckpt={tmp_path / 'nothing'}"),
+                 "is corrupt": launch(f"ckpt={corrupt}")}
+    for expected, process in processes.items():
+        rc, out, err = finish(process)
+        assert rc != 0 and out == ""
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0], err
+
+
+def test_streaming_prints_the_same_text(runs):
+    for prompt in ("ROMEO:\\n", None):
+        texts, printed, _ = sample(runs, prompt=prompt, seed=3, temperature=1.0)
+        streamed_texts, streamed, _ = sample(runs, prompt=prompt, seed=3, temperature=1.0, stream=True)
+        assert texts == streamed_texts and printed == streamed
+        assert printed == ("ROMEO:\n" if prompt else "") + texts[0] + "\n"
+
+
+def test_stop_strings_cut_the_output(runs):
+    free, _, _ = sample(runs, prompt="ROMEO:", seed=5, temperature=1.0, max_new_tokens=40)
+    stop = free[0][6:8]
+    texts, printed, _ = sample(runs, prompt="ROMEO:", seed=5, temperature=1.0, max_new_tokens=40, stop=[stop])
+    assert texts[0] == free[0][:free[0].find(stop)] and stop not in texts[0]
+    assert printed == "ROMEO:" + texts[0] + "\n"
+
+
+def test_past_the_training_length(runs):
+    """RoPE with a zero-shot scaling decodes past max_seq_len; learned positions need sliding_window."""
+    for pos, options in (("rope", {"rope_scaling": {"type": "yarn", "factor": 4}}),
+                         ("learned", {"sliding_window": True})):
+        _, _, err = sample(runs, pos, prompt="ROMEO:", max_new_tokens=3 * MAX_SEQ_LEN, **options)
+        assert err.startswith("decoded ") and "KV cache" in err
+    with pytest.raises(ValueError, match="learned position table.*sliding_window=True"):
+        sample(runs, "learned", prompt="ROMEO:", max_new_tokens=MAX_SEQ_LEN)
+
+
+def test_config_composes_with_rope_scaling_overrides():
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+            for overrides in (["+rope_scaling.type=yarn", "+rope_scaling.factor=4"],
+                              ["rope_scaling={type:yarn,factor:4}"]):
+                cfg = compose("sample", overrides=["ckpt=runs/x", 'stop=["\\n\\n",END]', *overrides])
+                sample_cfg = SampleConfig.from_dict(OmegaConf.to_container(cfg, resolve=True))
+                assert sample_cfg.rope_scaling == {"type": "yarn", "factor": 4}
+                assert sample_cfg.stop == ["\n\n", "END"]
+            defaults = SampleConfig.from_dict(OmegaConf.to_container(compose("sample", ["ckpt=x"])))
+            assert defaults == SampleConfig(ckpt="x")
+    finally:
+        GlobalHydra.instance().clear()
+
+
+@pytest.mark.parametrize("values, match", [
+    ({}, "sample.ckpt=None"),
+    ({"ckpt": "x", "prompt": "a", "prompt_file": "p.txt"}, "not both"),
+    ({"ckpt": "x", "num_samples": 0}, "sample.num_samples=0"),
+    ({"ckpt": "x", "dtype": "float16"}, "sample.dtype='float16'"),
+    ({"ckpt": "x", "stop": [""]}, "sample.stop"),
+    ({"ckpt": "x", "temprature": 1}, "sample.temprature"),
+])
+def test_sample_config_errors(values, match):
+    with pytest.raises(ValueError, match=match):
+        SampleConfig.from_dict(values)
