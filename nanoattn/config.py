@@ -288,6 +288,7 @@ class TrainConfig:
     # A checkpoint or run directory: its weights, a fresh optimizer, step 0. With resume, the run's own
     # checkpoint wins and init_from only shapes the model, so a fine-tune resumes with its own command.
     init_from: str | None = None
+    passkey_fraction: float = 0.0  # share of each training batch made of passkey samples (eval/passkey.py)
 
     def __post_init__(self) -> None:
         own = "train"
@@ -299,8 +300,6 @@ class TrainConfig:
             _check_positive_int(own, "seq_len", self.seq_len)
         if self.keep_last is not None:
             _check_positive_int(own, "keep_last", self.keep_last)
-        if self.warmup_steps > self.max_steps:
-            _fail(own, "warmup_steps", self.warmup_steps, f"must be at most max_steps={self.max_steps}")
         if not _as_float(self.lr) > 0:
             _fail(own, "lr", self.lr, "must be a positive number")
         if self.min_lr is None:
@@ -324,6 +323,8 @@ class TrainConfig:
             _check_text(own, "resume", self.resume)
         if self.init_from is not None:
             _check_text(own, "init_from", self.init_from)
+        if not 0 <= _as_float(self.passkey_fraction) <= 1:
+            _fail(own, "passkey_fraction", self.passkey_fraction, "must be in [0, 1]")
 
 
 @dataclass

@@ -17,7 +17,7 @@ from torch import nn
 from nanoattn.config import ModelConfig
 from nanoattn.model.attention import Attention
 from nanoattn.model.cache import KVCache
-from nanoattn.model.layers import make_mlp, make_norm
+from nanoattn.model.layers import dropout, make_mlp, make_norm
 from nanoattn.model.positional import build_positional
 
 
@@ -33,7 +33,7 @@ class Block(nn.Module):
     def forward(self, x, pos, positions, seq_len, **attn_options):
         a, weights = self.attn(self.attn_norm(x), pos, positions, seq_len, **attn_options)
         x = x + a
-        x = x + F.dropout(self.mlp(self.mlp_norm(x)), self.dropout, self.training)
+        x = x + dropout(self.mlp(self.mlp_norm(x)), self.dropout, self.training)
         return x, weights
 
 
@@ -81,7 +81,7 @@ class GPT(nn.Module):
         self.pos.check_length(seq_len)
         positions = torch.arange(start, seq_len, device=idx.device)  # [T]
         x = self.pos.embed(self.tok_emb(idx), positions)  # [B, T, d_model]
-        x = F.dropout(x, self.cfg.dropout, self.training)
+        x = dropout(x, self.cfg.dropout, self.training)
         all_weights = []
         for layer, block in enumerate(self.blocks):
             x, weights = block(x, self.pos, positions, seq_len, cache=cache, layer=layer,

@@ -8,7 +8,14 @@ A checkpoint is a directory:
                         containers only; loaded with weights_only=True)
 It is written to a temporary sibling directory and renamed into place, then
 ``checkpoints/latest`` (a text file naming the newest complete checkpoint) is replaced
-atomically. A kill at any instant leaves the previous checkpoint and ``latest`` intact.
+atomically. A kill at any instant leaves the previous checkpoint and ``latest`` intact; the
+leftover temporary directory (a dot-name) is ignored by every reader and removed by
+``remove_stale_temps`` when a run starts again. Old checkpoints are pruned only after the new
+one is complete and ``latest`` names it.
+
+``init_model_config`` decides the model of a run started from a checkpoint's weights
+(``train.init_from``): the checkpoint's shape, with the few fields in ``INIT_OVERRIDABLE`` taken
+from the run's config (context extension changes the context length and the RoPE scaling).
 """
 
 from __future__ import annotations
@@ -30,6 +37,9 @@ from nanoattn.model import GPT
 
 LATEST = "latest"
 FORMAT_VERSION = "1"
+# Model fields a run started with train.init_from takes from its own config; every other field
+# comes from the checkpoint, since the weights fix the shape.
+INIT_OVERRIDABLE = ("max_seq_len", "rope_scaling", "rope_theta", "dropout")
 
 
 class CheckpointError(ValueError):
@@ -80,7 +90,7 @@ def save_checkpoint(
         shutil.copyfile(tokenizer_file, tmp / "tokenizer.json")
     if trainer_state is not None:
         torch.save(dict(trainer_state), tmp / "trainer_state.pt")
-    _fsync_dir(tmp)
+    _fsync_files(tmp)
     if final.exists():  # re-saving the same step: move the old copy aside, never delete it first
         old = ckpt_root / f".{name}.old{os.getpid()}"
         os.replace(final, old)
@@ -89,22 +99,48 @@ def save_checkpoint(
     else:
         os.replace(tmp, final)
     _write_atomic_text(ckpt_root / LATEST, name + "\n")
+    _fsync_dir(ckpt_root)
     if keep_last is not None:
         prune_checkpoints(ckpt_root, keep_last)
     return final
 
 
-def _fsync_dir(path: Path) -> None:
+def _fsync_files(path: Path) -> None:
     for file in path.iterdir():
         with open(file, "rb") as f:
             os.fsync(f.fileno())
 
 
+def _fsync_dir(path: Path) -> None:
+    """Make the renames inside ``path`` durable (a no-op where directories cannot be opened)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _step_of(path: Path) -> int | None:
+    try:
+        return int(json.loads((path / "config.json").read_text())["step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def list_checkpoints(ckpt_root: Path) -> list[Path]:
-    """Complete checkpoints, oldest first by step."""
+    """Complete checkpoints (a readable config.json with a step), oldest first by step."""
     found = [p for p in ckpt_root.iterdir() if p.is_dir() and not p.name.startswith(".")
-             and (p / "config.json").exists()] if ckpt_root.is_dir() else []
-    return sorted(found, key=lambda p: json.loads((p / "config.json").read_text()).get("step", 0))
+             and (p / "model.safetensors").exists() and _step_of(p) is not None] if ckpt_root.is_dir() else []
+    return sorted(found, key=_step_of)
+
+
+def remove_stale_temps(ckpt_root: Path) -> None:
+    """Delete the temporary directories and files of saves that were killed mid-way."""
+    for p in ckpt_root.glob(".*.tmp*") if ckpt_root.is_dir() else []:
+        shutil.rmtree(p) if p.is_dir() else p.unlink()
 
 
 def prune_checkpoints(ckpt_root: Path, keep_last: int) -> None:
@@ -141,6 +177,30 @@ def read_checkpoint_config(path: str | Path) -> dict[str, Any]:
         raise CheckpointError(f"{path / 'config.json'} is unreadable or not JSON: {e}") from None
 
 
+def init_model_config(path: str | Path, run_model: Mapping[str, Any]) -> ModelConfig:
+    """The model of a run whose weights start from checkpoint ``path``.
+
+    The checkpoint's model config, with the ``INIT_OVERRIDABLE`` fields of ``run_model`` on top.
+    A ``rope_scaling`` mapping without ``original_max_seq_len`` gets the length the checkpoint was
+    trained at, the length its frequencies were fitted to.
+    """
+    meta = read_checkpoint_config(path)
+    fields = dict(meta.get("model") or {})
+    train_seq_len = int(meta.get("train_seq_len", fields.get("max_seq_len", 0)))
+    for key in INIT_OVERRIDABLE:
+        if key in run_model:
+            fields[key] = run_model[key]
+    scaling = fields.get("rope_scaling")
+    if isinstance(scaling, Mapping) and not {"original_max_seq_len",
+                                             "original_max_position_embeddings"} & set(scaling):
+        fields["rope_scaling"] = {**scaling, "original_max_seq_len": train_seq_len}
+    old_len = (meta.get("model") or {}).get("max_seq_len")
+    if fields.get("pos") == "learned" and fields.get("max_seq_len") != old_len:
+        raise ValueError(f"model.max_seq_len={fields.get('max_seq_len')!r} is invalid with train.init_from: "
+                         f"the checkpoint's learned position table has {old_len} rows and cannot change")
+    return ModelConfig.from_dict(fields)
+
+
 def load_checkpoint(
     path: str | Path,
     *,
@@ -164,23 +224,29 @@ def load_checkpoint(
     cfg = ModelConfig.from_dict(model_fields)
     with torch.device(device):
         model = GPT(cfg)
-    try:
-        state = load_file(path / "model.safetensors", device=str(device))
-    except (SafetensorError, OSError) as e:
-        raise CheckpointError(f"{path / 'model.safetensors'} is corrupt or unreadable: {e}") from None
-    if cfg.tie_embeddings:
-        state["lm_head.weight"] = state["tok_emb.weight"]
-    try:
-        model.load_state_dict(state, strict=True)
-    except RuntimeError as e:
-        raise CheckpointError(f"{path / 'model.safetensors'} does not match its config.json: "
-                              f"{str(e).splitlines()[0]}") from None
+    load_weights(path, model)
     tokenizer = None
     if (path / "tokenizer.json").exists():
         from tokenizers import Tokenizer
 
         tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
     return Checkpoint(model.eval(), tokenizer, cfg, path, train_seq_len, int(meta.get("step", 0)))
+
+
+def load_weights(path: str | Path, model: GPT) -> None:
+    """Copy a checkpoint's weights into ``model`` (same shapes, every tensor, strict)."""
+    file = resolve_checkpoint(path) / "model.safetensors"
+    device = next(model.parameters()).device
+    try:
+        state = load_file(file, device=str(device))
+    except (SafetensorError, OSError) as e:
+        raise CheckpointError(f"{file} is corrupt or unreadable: {e}") from None
+    if model.cfg.tie_embeddings and "tok_emb.weight" in state:
+        state["lm_head.weight"] = state["tok_emb.weight"]
+    try:
+        model.load_state_dict(state, strict=True)
+    except RuntimeError as e:
+        raise CheckpointError(f"{file} does not match the model config: {str(e).splitlines()[0]}") from None
 
 
 def load_trainer_state(path: str | Path) -> dict[str, Any]:

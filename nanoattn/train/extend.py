@@ -1,0 +1,90 @@
+"""Context extension: fine-tune a RoPE checkpoint at a longer length under a RoPE scaling.
+
+The recipe of Position Interpolation (Chen et al. 2023) and YaRN (Peng et al. 2023): the
+checkpoint's weights, a scaling whose original length is the one the checkpoint was trained at,
+then a few hundred steps at a small learning rate on the same data at the longer length. It is
+``train`` with ``train.init_from``; this module adds only the checks that make such a run an
+extension, all before anything is written:
+
+- The model comes from the checkpoint. ``model`` may set only ``rope_scaling`` (required) and
+  ``max_seq_len`` (default ``train.seq_len``), so a fine-tune cannot silently change the
+  checkpoint's ``rope_theta`` or shape.
+- The checkpoint uses RoPE, and the scaling is not ``dynamic``: dynamic NTK's frequencies are a
+  function of the input length, so training at L would fit the base of length L only, while
+  inference at any other length uses another base. It is a zero-shot method, applied at load time.
+- ``original_max_seq_len`` defaults to the length the checkpoint's *unscaled* frequencies were
+  trained at: its ``train_seq_len``, or, for a checkpoint extended before, its own scaling's
+  original length. Scalings replace each other and never stack, so extending 128 -> 512 -> 2048
+  is factor 4, then factor 16 over the same 128.
+- ``train.seq_len`` is longer than the checkpoint's training length.
+
+The run directory is an ordinary one; its checkpoints carry the scaling in ``config.json`` and
+``train_seq_len`` = the new length, so ``load_checkpoint`` and the scripts use it as trained.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from nanoattn.config import RunConfig
+from nanoattn.train.checkpoint import read_checkpoint_config
+from nanoattn.train.loop import train
+
+# The model fields an extension sets; everything else is the checkpoint's.
+EXTENSION_FIELDS = ("rope_scaling", "max_seq_len")
+FINE_TUNE_TYPES = "linear | ntk | yarn | llama3"
+
+
+def extension_config(cfg: Mapping[str, Any]) -> RunConfig:
+    """Validate a context extension (a RunConfig as a mapping) and return the run it trains."""
+    values = copy.deepcopy(dict(cfg))
+    train_values = dict(values.get("train") or {})
+    source = train_values.get("init_from")
+    if not source:
+        raise ValueError("train.init_from is missing: set it to the checkpoint or run directory to extend")
+    meta = read_checkpoint_config(source)
+    trained = dict(meta.get("model") or {})
+    if trained.get("pos") != "rope":
+        raise ValueError(f"train.init_from={source!r} has pos={trained.get('pos')!r}: context extension "
+                         "by RoPE scaling needs a RoPE checkpoint")
+    trained_len = int(meta.get("train_seq_len", trained.get("max_seq_len", 0)))
+
+    model = dict(values.get("model") or {})
+    other = sorted(set(model) - set(EXTENSION_FIELDS))
+    if other:
+        raise ValueError(f"model.{other[0]} cannot be set when extending a context: the model is "
+                         f"{source}'s; only model.rope_scaling and model.max_seq_len may be given")
+    scaling = model.get("rope_scaling")
+    if not isinstance(scaling, Mapping):
+        raise ValueError(f"model.rope_scaling={scaling!r} is invalid: extending a context needs a scaling "
+                         f"such as {{type: yarn, factor: 4}}; types: {FINE_TUNE_TYPES}")
+    scaling = dict(scaling)
+    kind = scaling.get("type", scaling.get("rope_type"))
+    if kind == "dynamic":
+        raise ValueError("model.rope_scaling.type='dynamic' is invalid for fine-tuning: its base depends on "
+                         "the input length, so it is applied zero-shot at inference "
+                         "(rope_scaling.type=dynamic in eval_length, sample or load_checkpoint); "
+                         f"fine-tune with {FINE_TUNE_TYPES}")
+    if scaling.get("original_max_seq_len") is None and "original_max_position_embeddings" not in scaling:
+        earlier = trained.get("rope_scaling")
+        scaling["original_max_seq_len"] = earlier["original_max_seq_len"] if earlier else trained_len
+
+    seq_len = train_values.get("seq_len")
+    if seq_len is None:
+        raise ValueError("train.seq_len is missing: set the length to fine-tune at, "
+                         f"longer than the {trained_len} tokens {source} was trained at")
+    model["rope_scaling"] = scaling
+    model.setdefault("max_seq_len", seq_len)
+    run = RunConfig.from_dict({**values, "model": model})
+    if run.seq_len <= trained_len:
+        raise ValueError(f"train.seq_len={run.seq_len} is invalid: an extension must be longer than the "
+                         f"{trained_len} tokens {source} was trained at")
+    return run
+
+
+def extend_context(cfg: Mapping[str, Any]) -> Path:
+    """Fine-tune ``train.init_from`` at ``train.seq_len`` under ``model.rope_scaling``; the run directory."""
+    return train(extension_config(cfg))

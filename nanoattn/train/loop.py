@@ -1,0 +1,513 @@
+"""The training loop: ``train(cfg) -> run directory``.
+
+Design choices:
+- Step semantics: ``step`` counts finished optimizer updates. Update ``s`` (0-based) uses the
+  batches ``TokenData.train_batch(s, micro_step=m, rank=r, world_size=w)``, a pure function, and
+  the learning rate ``lr_at(s)``, a pure function; checkpoint ``N`` holds the state after N updates.
+  So an exact resume needs only the weights, the optimizer moments, the step and the RNG states
+  (dropout), all of which a checkpoint holds. The open log window (loss sum and count) is saved
+  too, so a resumed run writes the same ``train_loss`` records as an uninterrupted one.
+- No host-device synchronisation per micro-step: losses and gradient-norm checks accumulate on
+  the device and are read once per log window, evaluation or checkpoint. A non-finite loss or
+  gradient norm stops the run there, before any checkpoint could store the bad weights.
+- One record per log window (every ``log_interval`` steps, and at every evaluation and at the
+  end): ``step, train_loss, lr, tokens, tok_per_s, grad_norm``; evaluation records add
+  ``val_loss`` and ``val_bpb``. ``train_loss`` is the mean over the window's micro-batches.
+- Evaluation uses fixed validation windows (``TokenData.val_batches``), the same in every run and
+  at every step; like a training batch, each of the ``eval_steps`` batches has
+  batch_size x world_size rows split over the ranks, so val_loss is comparable across runs.
+- bf16 autocast (fp32 master weights and optimizer state) where the hardware has fast bf16:
+  CUDA GPUs that support it, and CPUs with native bf16 matmul instructions, AMX (``amx_bf16``)
+  or AVX512-BF16 (``avx512_bf16``), read from /proc/cpuinfo. Without them bf16 is emulated and
+  slower than float32.
+- Under torchrun (DDP), rank 0 chooses the run directory and writes every file; each rank draws
+  its own slice of the global batch and its own dropout stream; checkpoints gather all ranks'
+  RNG states. Only the loss goes through DDP's forward (``_LossModule``), so DDP syncs gradients.
+- SIGINT / SIGTERM: the current step finishes, a checkpoint is written and ``train`` returns.
+  A second signal interrupts immediately.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import math
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from torch import nn
+
+from nanoattn.config import RunConfig
+from nanoattn.data import TokenData, bits_per_byte, ensure_prepared
+from nanoattn.logging import make_logger, note, truncate_metrics
+from nanoattn.model import GPT
+from nanoattn.train import distributed
+from nanoattn.train.checkpoint import (
+    CheckpointError,
+    list_checkpoints,
+    load_trainer_state,
+    load_weights,
+    read_checkpoint_config,
+    remove_stale_temps,
+    resolve_checkpoint,
+    save_checkpoint,
+)
+from nanoattn.train.optim import lr_at, make_optimizer
+
+# Keys that may differ between a run and its resumption: where and how long it runs, how it is
+# watched, and how fast it computes. Everything else (model, data, optimisation, seed) must match.
+# train.batch_size may change only with the world size, keeping batch_size * world_size.
+RESUME_MAY_CHANGE = ("out_dir", "train.max_steps", "train.resume", "train.eval_interval",
+                     "train.eval_steps", "train.log_interval", "train.ckpt_interval", "train.keep_last",
+                     "train.compile", "train.device", "train.dtype", "train.batch_size", "data.root",
+                     "logger.")
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss or gradient norm became non-finite; the last good checkpoint is kept."""
+
+
+def train(cfg: RunConfig | dict[str, Any]) -> Path:
+    """Train a model as ``cfg`` says and return its run directory (see docs/training.md)."""
+    cfg = copy.deepcopy(cfg) if isinstance(cfg, RunConfig) else RunConfig.from_dict(cfg)  # ours to adjust
+    device = pick_device(cfg.train.device)
+    dist = distributed.init_distributed(device.type)
+    if device.type == "cuda":
+        device = torch.device("cuda", dist.local_rank)
+    try:
+        return _Run(cfg, device, dist).run()
+    finally:
+        distributed.shutdown(dist)
+
+
+def pick_device(name: str) -> torch.device:
+    """auto: cuda, else mps, else cpu; an explicit device must be available."""
+    available = {"cpu": True, "cuda": torch.cuda.is_available(),
+                 "mps": torch.backends.mps.is_available()}
+    if name == "auto":
+        name = next(n for n in ("cuda", "mps", "cpu") if available[n])
+    if not available[name]:
+        raise ValueError(f"train.device={name!r} is invalid: no {name} device on this machine; allowed: "
+                         + " | ".join(["auto"] + [n for n, ok in available.items() if ok]))
+    return torch.device(name)
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            line = next((ln for ln in f if ln.startswith("flags")), "")
+    except OSError:
+        return set()
+    return set(line.partition(":")[2].split())
+
+
+def autocast_dtype(dtype: str, device: torch.device) -> tuple[torch.dtype | None, str]:
+    """(the autocast dtype, or None for plain float32; why) for ``train.dtype`` on ``device``."""
+    if dtype == "float32":
+        return None, "float32 (train.dtype=float32)"
+    if dtype == "bfloat16":
+        return torch.bfloat16, "bfloat16 autocast (train.dtype=bfloat16)"
+    if device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return torch.bfloat16, "bfloat16 autocast (auto: the GPU supports bf16)"
+    if device.type == "cpu":
+        fast = sorted(_cpu_flags() & {"amx_bf16", "avx512_bf16"})
+        if fast:
+            return torch.bfloat16, f"bfloat16 autocast (auto: the CPU has {' and '.join(fast)})"
+    return None, f"float32 (auto: no fast bf16 on this {device.type})"
+
+
+class _LossModule(nn.Module):
+    """model.loss as a forward(), the only call DDP sees, so it can sync gradients."""
+
+    def __init__(self, model: GPT) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return self.model.loss(x, y)
+
+
+class _StopSignals:
+    """Turns the first SIGINT/SIGTERM into a flag; a second one gets the original behaviour."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._old: dict[int, Any] = {}
+
+    def __enter__(self) -> _StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.requested = True
+        signal.signal(signum, self._old[signum])
+        note(f"\n{signal.Signals(signum).name}: finishing this step, then saving a checkpoint "
+             "(send it again to stop at once)")
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+
+def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value and key != "rope_scaling":
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def check_same_run(saved: dict[str, Any], current: dict[str, Any], where: Path) -> None:
+    """Raise a one-line ValueError naming the keys where ``current`` differs from the run in ``where``."""
+    old, new = _flatten(saved), _flatten(current)
+    differ = [k for k in sorted(set(old) | set(new))
+              if not any(k == m or (m.endswith(".") and k.startswith(m)) for m in RESUME_MAY_CHANGE)
+              and old.get(k) != new.get(k)]
+    if differ:
+        shown = ", ".join(f"{k}={old.get(k)!r} there, {new.get(k)!r} now" for k in differ[:4])
+        more = f" (+{len(differ) - 4} more)" if len(differ) > 4 else ""
+        raise ValueError(f"out_dir {str(where)!r} holds a different run: {shown}{more}; only these may "
+                         f"change on resume: {', '.join(RESUME_MAY_CHANGE)}")
+
+
+def _fmt_duration(seconds: float) -> str:
+    m, s = divmod(int(round(seconds)), 60)
+    return f"{m}m{s:02d}s" if m else f"{s}s"
+
+
+class _Run:
+    def __init__(self, cfg: RunConfig, device: torch.device, dist: distributed.Dist) -> None:
+        self.cfg, self.device, self.dist = cfg, device, dist
+        self.t = cfg.train
+        self.seq_len = cfg.seq_len
+        self.amp_dtype, self.amp_reason = autocast_dtype(self.t.dtype, device)
+
+    def say(self, text: str) -> None:
+        if self.dist.is_main:
+            note(text)
+
+    # ------------------------------------------------------------------ setup
+
+    def _prepare_data(self) -> TokenData:
+        if self.dist.is_main:  # one rank prepares, the others then find it up to date
+            path = ensure_prepared(self.cfg.data)
+        distributed.barrier(self.dist)
+        if not self.dist.is_main:
+            path = ensure_prepared(self.cfg.data)
+        return TokenData(path)
+
+    def _fit_vocab(self, data: TokenData) -> None:
+        """model.vocab_size follows the tokenizer: raised to it, or kept when larger (padding)."""
+        given, need = self.cfg.model.vocab_size, data.vocab_size
+        if self.t.init_from is not None:
+            if given < need:
+                raise ValueError(f"train.init_from={self.t.init_from!r} has vocab_size={given}, smaller than "
+                                 f"the tokenizer of data {self.cfg.data.name!r} ({need})")
+            from nanoattn.data import load_tokenizer
+
+            if load_tokenizer(resolve_checkpoint(self.t.init_from)).get_vocab() != data.tokenizer.get_vocab():
+                raise ValueError(f"train.init_from={self.t.init_from!r} was trained with another tokenizer "
+                                 f"than data {self.cfg.data.name!r}'s; use the data it was trained on")
+            return
+        vocab = max(given, need)
+        if vocab != given:
+            self.cfg.model = dataclasses.replace(self.cfg.model, vocab_size=vocab)
+            self.say(f"model.vocab_size={vocab}: raised from {given} to the tokenizer's vocabulary")
+        elif given > need:
+            self.say(f"model.vocab_size={given}: kept, {given - need} padding rows above the "
+                     f"tokenizer's {need}")
+        else:
+            self.say(f"model.vocab_size={given}: the tokenizer's vocabulary")
+
+    def _locate(self) -> tuple[Path, Path | None]:
+        """(run directory, checkpoint to resume or None); raises before anything is written."""
+        out_dir = Path(self.cfg.out_dir)
+        resume = self.t.resume
+        if resume is False:
+            if (out_dir / "config.yaml").exists():
+                raise ValueError(f"out_dir {str(out_dir)!r} already holds a run: continue it with "
+                                 "train.resume=true, or choose another out_dir")
+            return out_dir, None
+        if resume is True:
+            if not (out_dir / "config.yaml").exists():
+                raise ValueError(f"train.resume=true but out_dir {str(out_dir)!r} holds no run "
+                                 "(no config.yaml); set out_dir to the run directory to continue")
+            ckpt_root = out_dir / "checkpoints"
+            if not (ckpt_root / "latest").exists() and not list_checkpoints(ckpt_root):
+                return out_dir, None  # killed before its first checkpoint: start again from step 0
+            return out_dir, resolve_checkpoint(out_dir)
+        ckpt = resolve_checkpoint(resume)
+        run_dir = ckpt.parent.parent
+        if not (run_dir / "config.yaml").exists():
+            raise ValueError(f"train.resume={resume!r}: {ckpt} is not inside a run directory "
+                             f"(no {run_dir / 'config.yaml'}); train.init_from starts a new run from it")
+        latest = resolve_checkpoint(run_dir)
+        if latest.resolve() != ckpt.resolve():
+            raise ValueError(f"train.resume={resume!r} is older than its run's latest checkpoint "
+                             f"{latest.name}: continuing it would mix two trajectories; delete the newer "
+                             "checkpoints first, or use train.init_from with a new out_dir")
+        return run_dir, ckpt
+
+    # ------------------------------------------------------------------ run
+
+    def run(self) -> Path:
+        cfg, t, d = self.cfg, self.t, self.dist
+        torch.manual_seed(t.seed)  # the same initial weights on every rank
+        run_dir, ckpt = distributed.broadcast_object(d, self._locate() if d.is_main else None)
+        run_dir = Path(run_dir)
+        data = self._prepare_data()
+        self._fit_vocab(data)
+        if t.passkey_fraction > 0:  # the passkey recipe's data mix (configs/experiment/passkey.yaml)
+            from nanoattn.eval.passkey import PasskeyMix
+
+            data = PasskeyMix(data, t.passkey_fraction)
+        state = load_trainer_state(ckpt) if ckpt is not None else None
+        if state is not None:
+            self._check_resumable(state, ckpt)
+        if d.is_main:
+            saved = dataclasses.replace(cfg, out_dir=str(run_dir)).to_dict()
+            if (run_dir / "config.yaml").exists():
+                check_same_run(self._read_config(run_dir), saved, run_dir)
+            run_dir.mkdir(parents=True, exist_ok=True)
+            remove_stale_temps(run_dir / "checkpoints")
+            (run_dir / "config.yaml").write_text(yaml.safe_dump(saved, sort_keys=False))
+            truncate_metrics(run_dir / "metrics.jsonl", state["step"] if state else 0)
+        distributed.barrier(d)
+
+        with torch.device(self.device):
+            model = GPT(cfg.model)
+        model.train()
+        optimizer = make_optimizer(model, lr=t.lr, weight_decay=t.weight_decay, betas=(t.beta1, t.beta2),
+                                   decay_embeddings=t.decay_embeddings, device=self.device)
+        start = 0
+        if state is not None:
+            load_weights(ckpt, model)
+            optimizer.load_state_dict(state["optimizer"])
+            start = int(state["step"])
+            self.say(f"resumed from {ckpt} at step {start}")
+        else:
+            if t.resume is not False:
+                self.say(f"train.resume: {run_dir} has no checkpoint yet, starting again from step 0")
+            if t.init_from is not None:
+                load_weights(t.init_from, model)
+                self.say(f"init_from: the weights of {resolve_checkpoint(t.init_from)}, "
+                         "a fresh optimizer, step 0")
+        self._seed_rngs(state)
+
+        net: nn.Module = _LossModule(model)
+        if d.enabled:
+            net = nn.parallel.DistributedDataParallel(
+                net, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+        if t.compile:
+            net = torch.compile(net)
+
+        self.model, self.net, self.optimizer, self.data = model, net, optimizer, data
+        self.run_dir, self.ckpt_root = run_dir, run_dir / "checkpoints"
+        # Validation batches are global like training batches (batch_size x world_size rows, this
+        # rank's slice), so the windows do not depend on how many processes share them.
+        rows = slice(d.rank * t.batch_size, (d.rank + 1) * t.batch_size)
+        self.val = [(x[rows], y[rows]) for x, y in data.val_batches(
+            t.eval_steps, batch_size=t.batch_size * d.world_size, seq_len=self.seq_len)]
+        self.tokens_per_step = t.batch_size * t.grad_accum * d.world_size * self.seq_len
+        self._describe(model, run_dir, start)
+        logger = make_logger(cfg.logger, run_dir, config=cfg.to_dict(), total_steps=t.max_steps,
+                             initial_step=start) if d.is_main else None
+        try:
+            step, last_val = self._loop(start, state, logger)
+        finally:
+            if logger is not None:
+                logger.close()
+        if step == t.max_steps:
+            self._summary(step, start, last_val)
+        else:
+            self.say(f"stopped at step {step}; continue with the same command and "
+                     f"out_dir={run_dir} train.resume=true")
+        return run_dir
+
+    def _read_config(self, run_dir: Path) -> dict[str, Any]:
+        try:
+            saved = yaml.safe_load((run_dir / "config.yaml").read_text())
+        except (OSError, yaml.YAMLError) as e:
+            raise ValueError(f"{run_dir / 'config.yaml'} is unreadable: {str(e).splitlines()[0]}") from None
+        if not isinstance(saved, dict):
+            raise ValueError(f"{run_dir / 'config.yaml'} is not a run config (a YAML mapping)")
+        return saved
+
+    def _check_resumable(self, state: dict[str, Any], ckpt: Path) -> None:
+        missing = [k for k in ("step", "optimizer", "rng", "window", "world_size") if k not in state]
+        if missing:
+            raise CheckpointError(f"{ckpt / 'trainer_state.pt'} lacks {', '.join(missing)}: not a trainer "
+                                  "state this version can resume")
+        if int(state["step"]) != int(read_checkpoint_config(ckpt).get("step", -1)):
+            raise CheckpointError(f"{ckpt}: trainer_state.pt and config.json disagree on the step")
+        was = state["world_size"] * state["batch_size"]
+        now = self.dist.world_size * self.t.batch_size
+        if was != now:
+            raise ValueError(f"train.batch_size={self.t.batch_size} with {self.dist.world_size} process(es) "
+                             f"draws {now} sequences per micro-step; the run drew {was} "
+                             f"(batch_size={state['batch_size']} x {state['world_size']}): keep the product")
+
+    def _seed_rngs(self, state: dict[str, Any] | None) -> None:
+        """Each rank its own dropout stream; a resumed run continues the saved one exactly."""
+        if state is None:
+            torch.manual_seed(self.t.seed + self.dist.rank)
+            return
+        rng = state["rng"]
+        if len(rng["cpu"]) != self.dist.world_size:  # a new world size: new streams, seeded by the step
+            torch.manual_seed(self.t.seed + self.dist.rank + 1_000_003 * int(state["step"]))
+            return
+        torch.set_rng_state(rng["cpu"][self.dist.rank])
+        if self.device.type == "cuda" and rng.get("cuda"):
+            torch.cuda.set_rng_state(rng["cuda"][self.dist.rank], self.device)
+
+    def _describe(self, model: GPT, run_dir: Path, start: int) -> None:
+        t, d = self.t, self.dist
+        self.say(f"run dir {run_dir}")
+        self.say(f"model: {model.num_params():,} parameters ({model.num_params(exclude_embeddings=True):,} "
+                 f"without embeddings), pos={self.cfg.model.pos}, {self.cfg.model.n_layer} layers, "
+                 f"d_model={self.cfg.model.d_model}, {self.cfg.model.n_head} heads / "
+                 f"{self.cfg.model.n_kv_head} kv heads")
+        self.say(f"train: {t.max_steps - start} steps on {self.device} ({self.amp_reason}), global batch "
+                 f"{t.batch_size} x {t.grad_accum} x {d.world_size} x {self.seq_len} = "
+                 f"{self.tokens_per_step:,} tokens, {t.schedule} lr {t.lr:g}")
+
+    # ------------------------------------------------------------------ loop
+
+    def _autocast(self):
+        if self.amp_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.amp_dtype)
+
+    def _loop(self, start: int, state: dict[str, Any] | None, logger) -> tuple[int, dict[str, float]]:
+        """Train from step ``start``; returns (the step reached, the last evaluation)."""
+        t, d = self.t, self.dist
+        window = state["window"] if state is not None else {"loss_sum": torch.zeros(()), "count": 0,
+                                                             "bad": torch.zeros((), dtype=torch.bool)}
+        loss_sum = window["loss_sum"].to(self.device)  # float32 sum of micro-batch losses
+        count = int(window["count"])
+        bad = window["bad"].to(self.device)  # any non-finite gradient norm in the window
+        grad_norm = torch.zeros((), device=self.device)
+        self._started = t0 = time.perf_counter()
+        window_start = start
+        last_val: dict[str, float] = {}
+        step = start
+        with _StopSignals() as signals:
+            while step < t.max_steps:
+                lr = lr_at(step, lr=t.lr, min_lr=t.min_lr, warmup_steps=t.warmup_steps,
+                           max_steps=t.max_steps, schedule=t.schedule, decay_fraction=t.decay_fraction)
+                for group in self.optimizer.param_groups:
+                    group["lr"] = lr
+                for micro in range(t.grad_accum):
+                    x, y = self.data.train_batch(step, batch_size=t.batch_size, seq_len=self.seq_len,
+                                                 seed=t.seed, micro_step=micro, rank=d.rank,
+                                                 world_size=d.world_size)  # [B, T] each
+                    x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+                    last = micro == t.grad_accum - 1
+                    # DDP all-reduces gradients only on the last micro-step of an update.
+                    sync = contextlib.nullcontext() if last or not d.enabled else self.net.no_sync()
+                    with sync:
+                        with self._autocast():
+                            loss = self.net(x, y)
+                        (loss / t.grad_accum).backward()
+                    loss_sum += loss.detach().float()
+                    count += 1
+                # The norm is computed (and checked) even without clipping: max_norm=inf scales by 1.
+                grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(),
+                                                           t.grad_clip if t.grad_clip > 0 else math.inf)
+                bad |= ~torch.isfinite(grad_norm)
+                self.optimizer.step()
+                self.optimizer.zero_grad(set_to_none=True)
+                step += 1
+
+                final = step == t.max_steps
+                # Under DDP the ranks agree on stopping through a collective, once per log window.
+                stop = (not (d.enabled and step % t.log_interval)
+                        and distributed.any_rank(d, signals.requested, self.device))
+                evaluate = final or (t.eval_interval > 0 and step % t.eval_interval == 0)
+                checkpoint = final or stop or (t.ckpt_interval > 0 and step % t.ckpt_interval == 0)
+                if evaluate or step % t.log_interval == 0:
+                    now = time.perf_counter()
+                    record = self._train_record(step, loss_sum, count, bad, grad_norm, lr,
+                                                (step - window_start) * self.tokens_per_step / (now - t0))
+                    if evaluate:
+                        last_val = self._evaluate(step)
+                        record.update(last_val)
+                    if logger is not None:
+                        logger.log(record)
+                    loss_sum.zero_()
+                    bad.zero_()
+                    count = 0
+                    t0, window_start = time.perf_counter(), step
+                if checkpoint:
+                    self._check_finite(step, loss_sum, bad)
+                    self._save(step, {"loss_sum": loss_sum.detach().cpu(), "count": count,
+                                      "bad": bad.detach().cpu()})
+                if stop:
+                    break
+        return step, last_val
+
+    def _check_finite(self, step: int, loss_sum: torch.Tensor, bad: torch.Tensor) -> None:
+        flags = torch.stack([~torch.isfinite(loss_sum), bad]).float()
+        if bool(distributed.all_reduce_sum(self.dist, flags).sum().item() > 0):
+            latest = self.ckpt_root / "latest"
+            kept = (f"the last good checkpoint is {self.ckpt_root / latest.read_text().strip()}"
+                    if latest.exists() else "no checkpoint was written")
+            raise TrainingDiverged(f"non-finite train loss or gradient norm by step {step}; {kept} "
+                                   f"(try a lower train.lr, train.grad_clip, or train.dtype=float32)")
+
+    def _train_record(self, step: int, loss_sum: torch.Tensor, count: int, bad: torch.Tensor,
+                      grad_norm: torch.Tensor, lr: float, tok_per_s: float) -> dict[str, Any]:
+        self._check_finite(step, loss_sum, bad)
+        sums = distributed.all_reduce_sum(self.dist, torch.stack([loss_sum, grad_norm.float()]).clone())
+        n = self.dist.world_size
+        return {"step": step, "train_loss": sums[0].item() / (count * n), "lr": lr,
+                "tokens": step * self.tokens_per_step, "tok_per_s": round(tok_per_s, 1),
+                "grad_norm": sums[1].item() / n}
+
+    @torch.no_grad()
+    def _evaluate(self, step: int) -> dict[str, float]:
+        """Mean loss over the fixed validation windows, each rank its slice of every batch."""
+        self.model.eval()
+        total = torch.zeros(2, dtype=torch.float64, device=self.device)  # [loss sum, batches]
+        for x, y in self.val:
+            with self._autocast():
+                loss = self.model.loss(x.to(self.device), y.to(self.device))
+            total += torch.stack([loss.double(), torch.ones((), dtype=torch.float64, device=self.device)])
+        self.model.train()
+        loss_sum, n = distributed.all_reduce_sum(self.dist, total).tolist()
+        val_loss = loss_sum / n
+        if not math.isfinite(val_loss):
+            raise TrainingDiverged(f"non-finite val_loss at step {step}; the last good checkpoint is kept")
+        return {"val_loss": val_loss, "val_bpb": bits_per_byte(val_loss, self.data.bytes_per_token)}
+
+    def _save(self, step: int, window: dict[str, Any]) -> None:
+        rng = {"cpu": distributed.gather_objects(self.dist, torch.get_rng_state())}
+        if self.device.type == "cuda":
+            rng["cuda"] = distributed.gather_objects(self.dist, torch.cuda.get_rng_state(self.device).cpu())
+        if self.dist.is_main and not (self.ckpt_root / f"{step:06d}" / "model.safetensors").exists():
+            state = {"step": step, "optimizer": self.optimizer.state_dict(), "rng": rng, "window": window,
+                     "world_size": self.dist.world_size, "batch_size": self.t.batch_size,
+                     "data": {"seed": self.t.seed, "next_step": step},
+                     "schedule": {"name": self.t.schedule, "lr": self.t.lr, "min_lr": self.t.min_lr,
+                                  "warmup_steps": self.t.warmup_steps, "max_steps": self.t.max_steps}}
+            save_checkpoint(self.ckpt_root, f"{step:06d}", self.model, train_seq_len=self.seq_len, step=step,
+                            tokenizer_file=self.data.data_dir / "tokenizer.json", trainer_state=state,
+                            keep_last=self.t.keep_last)
+        distributed.barrier(self.dist)
+
+    def _summary(self, step: int, start: int, last_val: dict[str, float]) -> None:
+        seconds = time.perf_counter() - self._started
+        tokens = (step - start) * self.tokens_per_step
+        val = f"; val_loss {last_val['val_loss']:.4f}, val_bpb {last_val['val_bpb']:.4f}" if last_val else ""
+        self.say(f"done: step {step}/{self.t.max_steps}, {tokens:,} tokens in {_fmt_duration(seconds)} "
+                 f"({tokens / max(seconds, 1e-9):,.0f} tok/s){val}; run dir {self.run_dir}")

@@ -1,0 +1,93 @@
+"""Comparing length evaluations: the markdown table, labels, the figure, table markers and the script."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from nanoattn.eval import compare_length, load_report, markdown_table
+from nanoattn.eval.compare import write_table
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def report(train_seq_len: int, ppls: dict[int, float | None]) -> dict:
+    results = []
+    for length, ppl in ppls.items():
+        if ppl is None:
+            results.append({"length": length, "stride": length, "loss": None, "ppl": None, "tokens": 0,
+                            "error": "sequence length past the learned position table"})
+        else:
+            results.append({"length": length, "stride": length, "loss": 1.0, "ppl": ppl, "tokens": 100})
+    return {"train_seq_len": train_seq_len, "mode": "chunks", "results": results,
+            "per_position_length": max(n for n, p in ppls.items() if p is not None),
+            "per_position_loss": [2.0, 1.5, 1.25, 1.0]}
+
+
+@pytest.fixture
+def two_runs(tmp_path) -> list[Path]:
+    (tmp_path / "alibi").mkdir()
+    (tmp_path / "learned").mkdir()
+    (tmp_path / "rope").mkdir()
+    files = [tmp_path / "alibi" / "length_eval.json", tmp_path / "learned" / "length_eval.json",
+             tmp_path / "rope" / "length_eval_yarn4.json"]
+    files[0].write_text(json.dumps(report(128, {128: 10.0, 256: 10.5, 512: 11.0})))
+    files[1].write_text(json.dumps(report(128, {128: 12.0, 256: None})))
+    files[2].write_text(json.dumps(report(128, {128: 9.0, 512: 36.0})))
+    return files
+
+
+def test_the_table_from_result_files(two_runs):
+    loaded = [load_report(two_runs[0].parent), load_report(two_runs[1]), load_report(two_runs[2])]
+    assert [label for label, _ in loaded] == ["alibi", "learned", "rope/yarn4"]
+    table = markdown_table([r for _, r in loaded], [label for label, _ in loaded])
+    assert table.splitlines() == [
+        "| run | 128 (1×) | 256 (2×) | 512 (4×) |",
+        "|---|---:|---:|---:|",
+        "| alibi | 10.0 (1.00×) | 10.5 (1.05×) | 11.0 (1.10×) |",
+        "| learned | 12.0 (1.00×) | n/a |  |",
+        "| rope/yarn4 | 9.0 (1.00×) |  | 36.0 (4.00×) |",
+    ]
+
+
+def test_mixed_training_lengths_head_columns_by_length_only():
+    table = markdown_table([report(128, {128: 8.0}), report(256, {128: 7.0, 256: 7.5})], ["a", "b"])
+    assert table.splitlines()[0] == "| run | 128 | 256 |"
+    assert table.splitlines()[2:] == ["| a | 8.0 (1.00×) |  |", "| b | 7.0 (0.93×) | 7.5 (1.00×) |"]
+
+
+def test_compare_writes_the_figure_and_the_table(two_runs, tmp_path):
+    table = compare_length(two_runs[:2], out=tmp_path / "cmp.png", table_out=tmp_path / "cmp.md")
+    assert (tmp_path / "cmp.png").stat().st_size > 10_000
+    assert (tmp_path / "cmp.md").read_text() == table and "| learned | 12.0 (1.00×) | n/a |" in table
+    with pytest.raises(ValueError, match="labels"):
+        compare_length(two_runs, labels=["x"], out=tmp_path / "x.png")
+    with pytest.raises(ValueError, match="neither a length_eval JSON file nor a run directory"):
+        compare_length([tmp_path], out=tmp_path / "x.png")
+
+
+def test_the_table_replaces_only_its_marked_block(tmp_path):
+    doc = tmp_path / "doc.md"
+    doc.write_text("# Title\n\nprose before\n")
+    write_table(doc, "| a |\n")
+    write_table(doc, "| b |\n", name="passkey-table")
+    write_table(doc, "| c |\n")  # rerun: replaces the first block, keeps the prose and the other block
+    assert doc.read_text() == ("# Title\n\nprose before\n\n"
+                               "<!-- extrapolation-table:begin -->\n| c |\n"
+                               "<!-- extrapolation-table:end -->\n\n"
+                               "<!-- passkey-table:begin -->\n| b |\n<!-- passkey-table:end -->\n")
+
+
+def test_the_script(two_runs, tmp_path):
+    script = [sys.executable, str(REPO / "scripts" / "compare_length.py")]
+    args = [*map(str, two_runs), "--out", str(tmp_path / "c.png"), "--labels", "A", "L", "R"]
+    done = subprocess.run([*script, *args], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "| R | 9.0 (1.00×) |  | 36.0 (4.00×) |" in done.stdout and (tmp_path / "c.png").exists()
+    bad = subprocess.run([*script, str(tmp_path / "missing.json")], capture_output=True, text=True,
+                         timeout=120)
+    assert bad.returncode == 1 and bad.stderr.startswith("error: ") and len(bad.stderr.splitlines()) == 1

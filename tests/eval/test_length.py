@@ -1,0 +1,272 @@
+"""Length evaluation: perplexity against per-target forward passes, per-position loss, learned past
+its table, bounded attention masks, and the checkpoint-level report, script and config."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from omegaconf import OmegaConf
+
+from nanoattn import GPT, ModelConfig, load_checkpoint
+from nanoattn.config import DataConfig
+from nanoattn.data import TokenData, ensure_prepared
+from nanoattn.eval import evaluate_lengths, lengths_from_multiples, run_length_eval, score_length
+from nanoattn.eval.length import PeakMemory, default_output, window_starts
+from nanoattn.model import attention
+from nanoattn.train.checkpoint import save_checkpoint
+
+REPO = Path(__file__).resolve().parents[2]
+VOCAB = 32
+
+
+def tiny_model(pos: str, max_seq_len: int = 16, vocab_size: int = VOCAB, seed: int = 0) -> GPT:
+    torch.manual_seed(seed)
+    cfg = ModelConfig(vocab_size=vocab_size, d_model=32, n_layer=2, n_head=4, n_kv_head=2, d_ff=64,
+                      max_seq_len=max_seq_len, pos=pos)
+    return GPT(cfg).eval()
+
+
+def reference_loss(model: GPT, tokens: torch.Tensor, context_start) -> float:
+    """Mean of -log p(tokens[j] | tokens[context_start(j):j]) over targets j = 1..n, one forward each."""
+    n = tokens.numel() - 1
+    total = 0.0
+    with torch.no_grad():
+        for j in range(1, n + 1):
+            logits = model(tokens[context_start(j):j][None])[0, -1]  # [V]: the prediction of token j
+            total -= F.log_softmax(logits.double(), dim=-1)[tokens[j]].item()
+    return total / n
+
+
+@pytest.mark.parametrize("pos", ["rope", "alibi"])
+def test_chunks_match_per_target_forward_passes(pos):
+    model, length = tiny_model(pos), 16
+    tokens = torch.randint(0, VOCAB, (51,), generator=torch.Generator().manual_seed(1))  # 50 targets
+    n = 50
+    # Chunks at 0, 16, 32 score targets 1..48; one last window at n - L = 34 scores targets 49, 50.
+    expected = reference_loss(model, tokens, lambda j: min((j - 1) // length * length, n - length))
+    loss, scored, _ = score_length(model, tokens, length, batch_size=2)
+    assert scored == n
+    assert loss == pytest.approx(expected, abs=1e-5)
+
+
+@pytest.mark.parametrize("pos", ["rope", "alibi"])
+def test_sliding_window_matches_per_target_forward_passes(pos):
+    model, length, stride = tiny_model(pos), 16, 4
+    tokens = torch.randint(0, VOCAB, (51,), generator=torch.Generator().manual_seed(2))
+    n = 50
+    # Target j is scored by the first window reaching it: start ceil((j - L) / s) * s, at most n - L.
+    expected = reference_loss(
+        model, tokens, lambda j: min(max(0, math.ceil((j - length) / stride) * stride), n - length))
+    loss, scored, _ = score_length(model, tokens, length, stride=stride, batch_size=3)
+    assert scored == n
+    assert loss == pytest.approx(expected, abs=1e-5)
+
+
+def test_window_starts_cover_the_stream_to_its_end():
+    assert window_starts(48, 16, 16) == [0, 16, 32]
+    assert window_starts(50, 16, 16) == [0, 16, 32, 34]
+    assert window_starts(50, 16, 8) == [0, 8, 16, 24, 32, 34]
+    assert window_starts(16, 16, 4) == [0]
+
+
+def test_per_position_loss_has_the_length_and_averages_to_the_loss():
+    model, length = tiny_model("rope"), 16
+    tokens = torch.randint(0, VOCAB, (16 * 5 + 1,), generator=torch.Generator().manual_seed(3))
+    loss, _, per_position = score_length(model, tokens, length)
+    assert per_position.shape == (length,)
+    assert per_position.mean().item() == pytest.approx(loss, rel=1e-12)
+    # Position 0 of each chunk predicts its second token from its first alone.
+    with torch.no_grad():
+        firsts = [F.cross_entropy(model(tokens[s:s + 1][None])[0].double(), tokens[s + 1:s + 2]).item()
+                  for s in range(0, 80, 16)]
+    assert per_position[0].item() == pytest.approx(sum(firsts) / len(firsts), abs=1e-5)
+
+
+def test_learned_past_its_table_is_null_not_a_crash():
+    model = tiny_model("learned", max_seq_len=16)
+    tokens = torch.randint(0, VOCAB, (65,), generator=torch.Generator().manual_seed(4))
+    sweep = evaluate_lengths(model, tokens, [8, 16, 32], bytes_per_token=2.0)
+    by_length = {r.length: r.to_dict() for r in sweep.results}
+    assert by_length[32]["ppl"] is None and by_length[32]["loss"] is None
+    assert "learned position table" in by_length[32]["error"]
+    for length in (8, 16):
+        result = by_length[length]
+        assert "error" not in result and result["tokens"] == 64
+        assert result["ppl"] == pytest.approx(math.exp(result["loss"]))
+        assert result["bpb"] == pytest.approx(result["loss"] / math.log(2) / 2.0)
+    assert sweep.per_position_length == 16 and len(sweep.per_position_loss) == 16
+    json.dumps([r.to_dict() for r in sweep.results])
+
+
+def test_attention_never_builds_a_heads_by_t_by_t_mask(monkeypatch):
+    """At 2048 tokens a [heads, T, T] mask would have 16.8M elements: ALiBi's stays in query chunks."""
+    length, built = 2048, []
+    original = attention.Attention._mask
+
+    def spy(*args):
+        mask = original(*args)
+        built.append(mask.numel())
+        return mask
+
+    monkeypatch.setattr(attention.Attention, "_mask", staticmethod(spy))
+    tokens = torch.randint(0, VOCAB, (length + 1,), generator=torch.Generator().manual_seed(5))
+    for pos in ("rope", "sinusoidal", "nope"):
+        score_length(tiny_model(pos), tokens, length)
+    assert built == []  # no mask at all: SDPA's causal kernel
+    model = tiny_model("alibi")
+    score_length(model, tokens, length)
+    materialised = model.cfg.n_head * length * length
+    assert built and max(built) <= attention.MASK_CHUNK_ELEMENTS < materialised
+
+
+def test_peak_memory_sees_torch_cpu_allocations():
+    with PeakMemory(torch.device("cpu")) as memory:
+        block = torch.ones(16 * 2**20)  # 64 MiB
+        del block
+    assert 60 * 2**20 < memory.bytes < 200 * 2**20
+
+
+def test_lengths_from_multiples():
+    assert lengths_from_multiples(128) == [128, 160, 192, 256, 512, 1024, 2048]
+    assert lengths_from_multiples(100, [2, 1, 1.0]) == [100, 200]
+    with pytest.raises(ValueError, match="multiples"):
+        lengths_from_multiples(128, [1, -2])
+
+
+def test_bad_arguments_are_one_line_errors():
+    model = tiny_model("rope")
+    tokens = torch.zeros(65, dtype=torch.long)
+    with pytest.raises(ValueError, match="mode='window'"):
+        evaluate_lengths(model, tokens, [16], mode="window")
+    with pytest.raises(ValueError, match="stride=4 is invalid with mode='chunks'"):
+        evaluate_lengths(model, tokens, [16], stride=4)
+    with pytest.raises(ValueError, match="stride=32 is invalid: must be at most the shortest length 16"):
+        evaluate_lengths(model, tokens, [16, 64], mode="sliding", stride=32)
+    with pytest.raises(ValueError, match="lengths"):
+        evaluate_lengths(model, tokens, [16, 0])
+    # A length longer than the stream is an error entry, not an exception.
+    assert "fewer than one window of 128" in evaluate_lengths(model, tokens, [128]).results[0].error
+
+
+# ----------------------------------------------------------------------------- from a checkpoint
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory) -> Path:
+    """A byte-tokenized corpus of 12 documents (one held out), prepared by the data layer."""
+    root = tmp_path_factory.mktemp("length_data")
+    docs = root / "docs"
+    docs.mkdir()
+    generator = torch.Generator().manual_seed(6)
+    words = ["to", "be", "or", "not", "that", "is", "the", "question", "whether", "tis", "nobler"]
+    for i in range(12):
+        picks = torch.randint(0, len(words), (400,), generator=generator).tolist()
+        (docs / f"doc{i:02d}.txt").write_text(" ".join(words[p] for p in picks) + "\n")
+    cfg = DataConfig(name="tiny", corpus="text", paths=[str(docs)], root=str(root / "data"),
+                     tokenizer={"type": "byte"}, val_fraction=0.1)
+    return ensure_prepared(cfg)
+
+
+def save_run(run_dir: Path, pos: str, data_dir: Path) -> Path:
+    data = TokenData(data_dir)
+    model = tiny_model(pos, max_seq_len=32, vocab_size=data.vocab_size)
+    save_checkpoint(run_dir / "checkpoints", "100", model, train_seq_len=32, step=100,
+                    tokenizer_file=data_dir / "tokenizer.json")
+    (run_dir / "config.yaml").write_text(f"data:\n  root: {data_dir.parent}\n  name: {data_dir.name}\n")
+    return run_dir
+
+
+def test_report_from_a_run_directory(prepared, tmp_path):
+    run = save_run(tmp_path / "rope_run", "rope", prepared)
+    report = run_length_eval(run, multiples=[1, 2, 4], max_tokens=512)  # data_dir from config.yaml
+    file = run / "length_eval.json"
+    assert json.loads(file.read_text()) == report and file.with_suffix(".png").stat().st_size > 10_000
+    assert report["train_seq_len"] == 32 and report["mode"] == "chunks" and report["rope_scaling"] is None
+    assert [r["length"] for r in report["results"]] == [32, 64, 128]
+    for result in report["results"]:
+        assert set(result) == {"length", "stride", "loss", "ppl", "bpb", "tokens", "peak_memory_bytes",
+                               "tok_per_s"}
+        assert result["tokens"] == 512 and result["peak_memory_bytes"] >= 0 and result["tok_per_s"] > 0
+    assert report["per_position_length"] == 128 and len(report["per_position_loss"]) == 128
+    # The same stream scored directly gives the same numbers.
+    stream = torch.from_numpy(TokenData(prepared).tokens("val")[:513].astype("int64"))
+    direct, _, _ = score_length(load_checkpoint(run).model, stream, 64)
+    assert report["results"][1]["loss"] == pytest.approx(direct)
+
+
+def test_rope_scaling_override_names_its_file_and_changes_the_model(prepared, tmp_path):
+    run = save_run(tmp_path / "rope_run", "rope", prepared)
+    plain = run_length_eval(run, lengths=[128], max_tokens=256, plot=False)
+    scaled = run_length_eval(run, lengths=[128], max_tokens=256, rope_scaling={"type": "yarn", "factor": 4},
+                             plot=False)
+    assert (run / "length_eval_yarn4.json").exists()
+    assert scaled["rope_scaling"]["type"] == "yarn" and scaled["rope_scaling"]["original_max_seq_len"] == 32
+    assert scaled["results"][0]["loss"] != plain["results"][0]["loss"]
+
+
+def test_default_output_names(prepared, tmp_path):
+    run = save_run(tmp_path / "run", "rope", prepared)
+    assert default_output(run) == run / "length_eval.json"
+    assert default_output(run / "checkpoints" / "100", {"type": "linear", "factor": 2.5}) == \
+        run / "length_eval_linear2.5.json"
+    model = tiny_model("rope", max_seq_len=32, vocab_size=TokenData(prepared).vocab_size)
+    save_checkpoint(run / "checkpoints", "200", model, train_seq_len=32, step=200)
+    assert default_output(run / "checkpoints" / "100") == run / "length_eval_step100.json"
+
+
+def test_non_rope_refuses_a_scaling_and_a_foreign_tokenizer_is_refused(prepared, tmp_path):
+    run = save_run(tmp_path / "alibi_run", "alibi", prepared)
+    with pytest.raises(ValueError, match="needs a RoPE model"):
+        run_length_eval(run, rope_scaling={"type": "linear", "factor": 2})
+    other = tmp_path / "other"
+    other.mkdir()
+    for name in ("meta.json", "train.bin", "val.bin"):
+        (other / name).write_bytes((prepared / name).read_bytes())
+    tok = json.loads((prepared / "tokenizer.json").read_text())
+    tok["added_tokens"][0]["content"] = "<|other|>"
+    (other / "tokenizer.json").write_text(json.dumps(tok))
+    with pytest.raises(ValueError, match="another tokenizer"):
+        run_length_eval(run, data_dir=other)
+
+
+def test_the_script_writes_the_report_and_prints_one_line_errors(prepared, tmp_path):
+    run = save_run(tmp_path / "learned_run", "learned", prepared)
+    script = [sys.executable, str(REPO / "scripts" / "eval_length.py"), f"ckpt={run}"]
+    done = subprocess.run([*script, "lengths=[16,32,64]", "max_tokens=256"], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=120)
+    assert done.returncode == 0, done.stderr
+    results = json.loads((run / "length_eval.json").read_text())["results"]
+    assert [r["ppl"] is None for r in results] == [False, False, True]
+    assert "| learned_run |" in done.stdout and "n/a" in done.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["learned_run"]  # Hydra littered nothing
+    bad = subprocess.run([*script, "+rope_scaling.type=yarn", "+rope_scaling.factor=4"], capture_output=True,
+                         text=True, cwd=tmp_path, timeout=120)
+    assert bad.returncode == 1
+    assert bad.stderr.strip().splitlines() == [bad.stderr.strip()] and "needs a RoPE model" in bad.stderr
+
+
+def test_the_config_composes_with_scaling_overrides():
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
+            cfg = OmegaConf.to_container(compose("eval_length", ["ckpt=runs/x"]))
+            dotted = compose("eval_length", ["ckpt=runs/x", "+rope_scaling.type=yarn",
+                                             "+rope_scaling.factor=4"])
+            inline = compose("eval_length", ["ckpt=runs/x", "rope_scaling={type:yarn,factor:4}"])
+    finally:
+        GlobalHydra.instance().clear()
+    assert cfg["multiples"] == [1, 1.25, 1.5, 2, 4, 8, 16] and cfg["mode"] == "chunks"
+    assert OmegaConf.to_container(dotted.rope_scaling) == OmegaConf.to_container(inline.rope_scaling) == \
+        {"type": "yarn", "factor": 4}
+    cfg.pop("ckpt")
+    cfg.pop("out")
+    assert set(cfg) <= set(run_length_eval.__kwdefaults__)  # every key is an argument of the library call

@@ -1,0 +1,160 @@
+"""Passkey retrieval: sample layout, scoring on a hand-built model, the training mix and its trainer hook."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from nanoattn import GPT, ModelConfig, load_checkpoint
+from nanoattn.config import DataConfig
+from nanoattn.data import TokenData, ensure_prepared, load_tokenizer
+from nanoattn.eval import PasskeyMix, evaluate_passkey, passkey_table, run_passkey_eval
+from nanoattn.eval.passkey import PasskeyTemplate, score_passkey
+from nanoattn.train import train
+from nanoattn.train.checkpoint import save_checkpoint
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory) -> Path:
+    """A byte-tokenized corpus of 12 short plays of filler (one held out)."""
+    root = tmp_path_factory.mktemp("passkey_data")
+    docs = root / "docs"
+    docs.mkdir()
+    rng = np.random.default_rng(0)
+    words = ["thou", "art", "more", "lovely", "and", "temperate", "rough", "winds", "do", "shake"]
+    for i in range(12):
+        (docs / f"doc{i:02d}.txt").write_text(" ".join(rng.choice(words, 600)) + "\n")
+    cfg = DataConfig(name="tiny", corpus="text", paths=[str(docs)], root=str(root / "data"),
+                     tokenizer={"type": "byte"}, val_fraction=0.1)
+    return ensure_prepared(cfg)
+
+
+def test_sample_layout(prepared):
+    tokenizer = load_tokenizer(prepared)
+    template = PasskeyTemplate(tokenizer)
+    filler = np.arange(1000, dtype=np.int64) % 50 + 200  # non-ASCII bytes: ids the template never uses
+    key = "40721"
+    n_filler = 200 + 1 - template.overhead(key)
+    for depth, cut in ((0.0, 0), (0.5, round(0.5 * n_filler)), (1.0, n_filler)):
+        ids, key_tokens = template.sample(filler, 200, depth, key)
+        assert ids.shape == (201,) and key_tokens == len(" 40721")  # byte tokens: one per character
+        text = tokenizer.decode(ids.tolist())
+        assert text.endswith(" What is the pass key? The pass key is 40721")
+        stated = tokenizer.encode(" The pass key is 40721. Remember it.").ids
+        assert ids[cut:cut + len(stated)].tolist() == stated  # after `cut` filler tokens
+        assert ids[:cut].tolist() == filler[:cut].tolist() and (ids >= 200).sum() == n_filler
+    with pytest.raises(ValueError, match="too short"):
+        template.sample(filler, 40, 0.5, key)
+    with pytest.raises(ValueError, match="depth=1.5"):
+        template.sample(filler, 200, 1.5, key)
+
+
+class NextIdModel(nn.Module):
+    """A hand-built 'model': at every position it predicts (input id + 1) with logit margin `margin`."""
+
+    def __init__(self, vocab: int, margin: float) -> None:
+        super().__init__()
+        self.vocab, self.margin = vocab, margin
+        self.anchor = nn.Parameter(torch.zeros(()))  # gives the scorer a device
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.margin * nn.functional.one_hot((idx + 1) % self.vocab, self.vocab).float()  # [B, T, V]
+
+
+def test_scoring_on_a_hand_built_case():
+    vocab, margin = 10, 3.0
+    model = NextIdModel(vocab, margin)
+    # Key tokens are the last 3 ids. Row 0: 4 5 6 follow 3 as the model predicts; row 1: 9 breaks it.
+    samples = torch.tensor([[1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 9, 6]])
+    logprob, exact = score_passkey(model, samples, key_tokens=3)
+    hit = -math.log(1 + (vocab - 1) * math.exp(-margin))  # log-softmax of the predicted id
+    miss = hit - margin  # of any other id
+    assert exact.tolist() == [True, False]
+    assert logprob.tolist() == pytest.approx([3 * hit, hit + miss + miss])  # row 1 misses 9, then 6
+
+
+def test_cells_cover_every_length_and_depth_and_learned_past_its_table_is_null(prepared):
+    data = TokenData(prepared)
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(vocab_size=data.vocab_size, d_model=32, n_layer=2, n_head=4, d_ff=64,
+                            max_seq_len=128, pos="learned")).eval()
+    cells = evaluate_passkey(model, data.tokenizer, data.tokens("val"), [128, 256], [0.0, 1.0], samples=3)
+    assert [(c["length"], c["depth"]) for c in cells] == [(128, 0.0), (128, 1.0), (256, 0.0), (256, 1.0)]
+    for cell in cells[:2]:
+        assert 0 <= cell["accuracy"] <= 1 and cell["logprob"] < 0
+    for cell in cells[2:]:
+        assert cell["accuracy"] is None and "learned position table" in cell["error"]
+    table = passkey_table({"results": cells})
+    assert table.splitlines()[2] == f"| 0 | {cells[0]['accuracy']:.2f} | n/a |"
+    # The same seed draws the same keys and filler: the numbers repeat exactly.
+    again = evaluate_passkey(model, data.tokenizer, data.tokens("val"), [128, 256], [0.0, 1.0], samples=3)
+    assert again == cells
+
+
+def test_the_mix_is_deterministic_and_replaces_its_share_of_rows(prepared):
+    data = TokenData(prepared)
+    mix = PasskeyMix(data, 0.5)
+    x, y = mix.train_batch(7, batch_size=4, seq_len=128, seed=3)
+    plain_x, plain_y = data.train_batch(7, batch_size=4, seq_len=128, seed=3)
+    again_x, _ = mix.train_batch(7, batch_size=4, seq_len=128, seed=3)
+    assert torch.equal(x, again_x) and x.shape == y.shape == (4, 128)
+    assert torch.equal(x[2:], plain_x[2:]) and torch.equal(y[2:], plain_y[2:])
+    assert torch.equal(x[:2, 1:], y[:2, :-1])
+    for row in range(2):
+        text = data.tokenizer.decode(torch.cat([x[row], y[row, -1:]]).tolist())
+        assert "The pass key is" in text and text.rsplit("The pass key is", 1)[1].strip().isdigit()
+    assert mix.vocab_size == data.vocab_size and len(mix.val_batches(1, batch_size=2, seq_len=16)) == 1
+    with pytest.raises(ValueError, match="passkey_fraction=0"):
+        PasskeyMix(data, 0)
+
+
+def test_the_trainer_uses_the_mix(prepared, tmp_path, monkeypatch):
+    """train.passkey_fraction routes every training batch through PasskeyMix."""
+    seen = []
+    original = PasskeyMix.train_batch
+
+    def spy(self, *args, **kwargs):
+        seen.append(kwargs["seq_len"])
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(PasskeyMix, "train_batch", spy)
+    run = train({"out_dir": str(tmp_path / "run"),
+                 "model": {"d_model": 32, "n_layer": 2, "n_head": 2, "d_ff": 64, "max_seq_len": 96},
+                 "data": {"name": prepared.name, "corpus": "text", "root": str(prepared.parent),
+                          "paths": [str(prepared.parent.parent / "docs")], "tokenizer": {"type": "byte"}},
+                 "train": {"batch_size": 4, "max_steps": 3, "warmup_steps": 1, "eval_interval": 0,
+                           "eval_steps": 1, "log_interval": 1, "dtype": "float32", "device": "cpu",
+                           "passkey_fraction": 0.5},
+                 "logger": {"type": "none"}})
+    assert seen == [96, 96, 96] and load_checkpoint(run).step == 3
+
+
+def test_the_report_and_the_script(prepared, tmp_path):
+    data = TokenData(prepared)
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(vocab_size=data.vocab_size, d_model=32, n_layer=2, n_head=4, d_ff=64,
+                            max_seq_len=96, pos="rope"))
+    run = tmp_path / "rope_run"
+    save_checkpoint(run / "checkpoints", "5", model, train_seq_len=96, step=5,
+                    tokenizer_file=prepared / "tokenizer.json")
+    report = run_passkey_eval(run, multiples=[1, 2], depths=[0.5], samples=2, data_dir=prepared)
+    assert json.loads((run / "passkey.json").read_text()) == report
+    assert (run / "passkey.png").stat().st_size > 5_000
+    assert [c["length"] for c in report["results"]] == [96, 192]
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "eval_passkey.py"), f"ckpt={run}",
+                           f"data_dir={prepared}", "lengths=[96]", "depths=[0,1]", "samples=2",
+                           "rope_scaling={type:linear,factor:2}"],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert (run / "passkey_linear2.json").exists() and "| depth | 96 |" in done.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rope_run"]

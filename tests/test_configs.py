@@ -1,0 +1,119 @@
+"""configs/train.yaml composes, with every model preset, positional encoding, logger and experiment,
+into a valid RunConfig; the preset yamls mirror nanoattn.config.PRESETS exactly."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import OmegaConf, open_dict
+
+from nanoattn.config import PRESETS, LoggerConfig, RunConfig, TrainConfig, preset
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIGS = REPO / "configs"
+sys.path.insert(0, str(REPO / "scripts"))
+from _hydra_cli import register_schema  # noqa: E402  (scripts/ is not a package)
+
+register_schema("train_schema", RunConfig)
+
+
+def _names(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONFIGS / group).glob("*.yaml"))
+
+
+def _compose(overrides: list[str], hydra: bool = False):
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        return compose(config_name="train", overrides=overrides, return_hydra_config=hydra)
+
+
+def _values(overrides: list[str]) -> dict:
+    """The task config as scripts/train.py receives it (hydra: interpolations resolved)."""
+    cfg = _compose(overrides, hydra=True)
+    HydraConfig.instance().set_config(cfg)
+    with open_dict(cfg):
+        del cfg["hydra"]
+    return OmegaConf.to_container(cfg, resolve=True)
+
+
+def _run_config(overrides: list[str]) -> RunConfig:
+    return RunConfig.from_dict(_values(overrides))
+
+
+def test_there_is_a_model_yaml_per_preset_plus_the_default():
+    assert _names("model") == sorted([*PRESETS, "default"])
+    assert _names("pos") == ["alibi", "learned", "nope", "rope", "sinusoidal"]
+    assert _names("logger") == ["console", "none", "wandb"]
+    assert "debug" in _names("experiment")
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_each_model_yaml_equals_its_preset(name):
+    assert _run_config([f"model={name}"]).model == preset(name)
+
+
+@pytest.mark.parametrize("pos", _names("pos"))
+@pytest.mark.parametrize("model", ["default", "gpt-tiny", "llama-tiny"])
+def test_each_pos_composes_with_each_cpu_model(model, pos):
+    run = _run_config([f"model={model}", f"pos={pos}"])
+    assert run.model.pos == pos and run.model.rope_scaling is None
+    untouched = {k: v for k, v in run.model.to_dict().items() if k not in ("pos", "rope_theta")}
+    base = _run_config([f"model={model}"]).model.to_dict()
+    assert untouched == {k: v for k, v in base.items() if k not in ("pos", "rope_theta")}
+
+
+def test_without_pos_a_preset_keeps_its_own_encoding():
+    assert _run_config(["model=gpt2-small"]).model.pos == "learned"
+    assert _run_config(["model=llama-tiny"]).model.pos == "rope"
+
+
+def test_the_default_run_is_the_dataclass_defaults_plus_the_default_model():
+    run = _run_config([])
+    assert run.train == TrainConfig() and run.logger == LoggerConfig()
+    assert (run.model.pos, run.model.max_seq_len, run.data.name) == ("rope", 256, "shakespeare")
+    assert run.out_dir.startswith("runs/")
+
+
+@pytest.mark.parametrize("logger", _names("logger"))
+def test_each_logger_composes(logger):
+    assert _run_config([f"logger={logger}"]).logger.type == logger
+
+
+@pytest.mark.parametrize("experiment", _names("experiment"))
+def test_each_experiment_composes(experiment):
+    values = _values([f"experiment={experiment}", "pos=rope"])
+    values["train"]["init_from"] = None  # a fine-tune recipe's checkpoint need not exist here
+    RunConfig.from_dict(values)
+
+
+def test_debug_shrinks_everything():
+    run = _run_config(["experiment=debug"])
+    assert run.model.d_model <= 64 and run.train.max_steps <= 50 and run.seq_len <= 64
+
+
+def test_overrides_reach_the_dataclasses():
+    run = _run_config(["model=llama-tiny", "pos=alibi", "model.n_kv_head=1", "train.max_steps=2000",
+                       "train.schedule=wsd", "data.corpus=text", "data.paths=[a.txt]",
+                       "data.tokenizer.type=byte"])
+    assert (run.model.pos, run.model.n_kv_head) == ("alibi", 1)
+    assert (run.train.max_steps, run.train.schedule) == (2000, "wsd")
+    assert (run.data.corpus, run.data.paths, run.data.tokenizer.type) == ("text", ["a.txt"], "byte")
+
+
+def test_min_lr_and_n_kv_head_stay_derived_when_their_sources_change():
+    run = _run_config(["train.lr=0.01", "model=gpt2-small"])
+    assert run.train.min_lr == pytest.approx(0.001) and run.model.n_kv_head == 12
+
+
+def test_hydra_never_changes_directory_and_sweeps_into_numbered_subdirectories():
+    hydra = _compose(["out_dir=runs/x"], hydra=True).hydra
+    assert hydra.job.chdir is False and hydra.output_subdir is None
+    assert hydra.run.dir == "runs/x" and hydra.sweep.dir == "runs/x"
+    assert OmegaConf.to_container(hydra.sweep)["subdir"] == "${hydra.job.num}"
+    sweep = _compose(["experiment=pos_sweep"], hydra=True).hydra.sweeper.params
+    assert sweep.pos == "sinusoidal,learned,rope,alibi,nope"

@@ -1,0 +1,158 @@
+"""Checkpoints: atomic under a failure mid-save, pruned only after completion, never executing code."""
+
+import json
+import os
+import pathlib
+
+import pytest
+import torch
+
+import nanoattn.train.checkpoint as ckpt_mod
+from nanoattn import GPT, ModelConfig, load_checkpoint
+from nanoattn.train.checkpoint import (
+    CheckpointError,
+    init_model_config,
+    list_checkpoints,
+    load_trainer_state,
+    remove_stale_temps,
+    resolve_checkpoint,
+    save_checkpoint,
+)
+
+CFG = ModelConfig(vocab_size=64, d_model=32, n_layer=2, n_head=2, d_ff=64, max_seq_len=16)
+
+
+def _model(seed: int) -> GPT:
+    torch.manual_seed(seed)
+    return GPT(CFG)
+
+
+def _save(root, step, model, **kw):
+    return save_checkpoint(root, f"{step:06d}", model, train_seq_len=16, step=step,
+                           trainer_state={"step": step}, **kw)
+
+
+def _same_weights(a: GPT, b: GPT) -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def test_a_save_failing_midway_leaves_the_previous_checkpoint_and_latest(tmp_path, monkeypatch):
+    root = tmp_path / "checkpoints"
+    first = _model(0)
+    _save(root, 1, first)
+
+    def explode(*args, **kwargs):  # weights and config are written; the trainer state fails
+        raise OSError("disk full")
+
+    monkeypatch.setattr(ckpt_mod.torch, "save", explode)
+    with pytest.raises(OSError, match="disk full"):
+        _save(root, 2, _model(1))
+    assert (root / "latest").read_text().strip() == "000001"
+    assert [p.name for p in list_checkpoints(root)] == ["000001"]
+    assert resolve_checkpoint(tmp_path) == root / "000001"
+    assert _same_weights(load_checkpoint(tmp_path).model, first)
+    leftovers = [p.name for p in root.iterdir() if p.name.startswith(".")]
+    assert leftovers  # the half-written temporary directory, invisible to readers
+    remove_stale_temps(root)
+    assert sorted(p.name for p in root.iterdir()) == ["000001", "latest"]
+
+
+def test_a_leftover_temp_dir_of_a_killed_save_is_ignored(tmp_path):
+    root = tmp_path / "checkpoints"
+    _save(root, 1, _model(0))
+    partial = root / ".000002.tmp4242"  # what a SIGKILL during save_checkpoint leaves
+    partial.mkdir()
+    (partial / "model.safetensors").write_bytes(b"\x00" * 10)
+    assert resolve_checkpoint(tmp_path).name == "000001"
+    assert [p.name for p in list_checkpoints(root)] == ["000001"]
+    _save(root, 2, _model(1))
+    assert resolve_checkpoint(tmp_path).name == "000002"
+
+
+def test_keep_last_prunes_only_after_the_new_checkpoint_is_complete(tmp_path, monkeypatch):
+    root = tmp_path / "checkpoints"
+    for step in (1, 2, 3):
+        _save(root, step, _model(step), keep_last=2)
+    assert [p.name for p in list_checkpoints(root)] == ["000002", "000003"]
+    monkeypatch.setattr(ckpt_mod.torch, "save", lambda *a, **k: (_ for _ in ()).throw(OSError("boom")))
+    with pytest.raises(OSError):
+        _save(root, 4, _model(4), keep_last=2)
+    assert [p.name for p in list_checkpoints(root)] == ["000002", "000003"]
+
+
+def test_resaving_a_step_replaces_it(tmp_path):
+    root = tmp_path / "checkpoints"
+    _save(root, 1, _model(0))
+    second = _model(1)
+    _save(root, 1, second)
+    assert _same_weights(load_checkpoint(root / "000001").model, second)
+    assert sorted(p.name for p in root.iterdir()) == ["000001", "latest"]
+
+
+class _Payload:
+    """Unpickling this would create a file: the attack weights_only=True must refuse."""
+
+    def __init__(self, marker: pathlib.Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (pathlib.Path.touch, (self.marker,))
+
+
+def test_a_pickle_payload_in_trainer_state_is_refused_without_running(tmp_path):
+    root = tmp_path / "checkpoints"
+    path = _save(root, 1, _model(0))
+    marker = tmp_path / "pwned"
+    torch.save({"step": 1, "evil": _Payload(marker)}, path / "trainer_state.pt")
+    with pytest.raises(CheckpointError) as err:
+        load_trainer_state(path)
+    assert not marker.exists()
+    assert "\n" not in str(err.value) and "trainer_state.pt" in str(err.value)
+
+
+def test_corrupt_and_missing_checkpoints_are_one_line_errors(tmp_path):
+    with pytest.raises(CheckpointError, match="does not exist"):
+        resolve_checkpoint(tmp_path / "nope")
+    with pytest.raises(CheckpointError, match="neither a checkpoint"):
+        resolve_checkpoint(tmp_path)
+    path = _save(tmp_path / "checkpoints", 1, _model(0))
+    (path / "model.safetensors").write_bytes(b"garbage")
+    with pytest.raises(CheckpointError, match="corrupt") as err:
+        load_checkpoint(path)
+    assert "\n" not in str(err.value)
+    (path / "trainer_state.pt").write_bytes(b"not a zip")
+    with pytest.raises(CheckpointError, match="corrupt"):
+        load_trainer_state(path)
+    (path / "latest").unlink(missing_ok=True)
+    (tmp_path / "checkpoints" / "latest").write_text("000009\n")
+    with pytest.raises(CheckpointError, match="not a complete checkpoint"):
+        resolve_checkpoint(tmp_path)
+
+
+def test_init_model_config_keeps_the_shape_and_takes_the_context_fields(tmp_path):
+    path = _save(tmp_path / "checkpoints", 1, _model(0))
+    run_model = {**ModelConfig().to_dict(), "d_model": 512, "max_seq_len": 64, "dropout": 0.1,
+                 "rope_scaling": {"type": "yarn", "factor": 4.0}}
+    cfg = init_model_config(path, run_model)
+    assert (cfg.d_model, cfg.n_layer, cfg.vocab_size) == (CFG.d_model, CFG.n_layer, CFG.vocab_size)
+    assert (cfg.max_seq_len, cfg.dropout) == (64, 0.1)
+    assert cfg.rope_scaling["original_max_seq_len"] == 16  # the checkpoint's training length
+    explicit = init_model_config(path, {"rope_scaling": {"type": "yarn", "factor": 4.0,
+                                                         "original_max_seq_len": 8}})
+    assert explicit.rope_scaling["original_max_seq_len"] == 8
+
+
+def test_init_model_config_refuses_a_new_length_for_learned_positions(tmp_path):
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(**{**CFG.to_dict(), "pos": "learned"}))
+    path = save_checkpoint(tmp_path / "c", "000001", model, train_seq_len=16, step=1)
+    with pytest.raises(ValueError, match="learned position table has 16 rows"):
+        init_model_config(path, {"max_seq_len": 32})
+
+
+def test_config_json_records_the_training_length_and_step(tmp_path):
+    path = _save(tmp_path / "checkpoints", 7, _model(0))
+    meta = json.loads((path / "config.json").read_text())
+    assert (meta["step"], meta["train_seq_len"], meta["model"]) == (7, 16, CFG.to_dict())
+    assert not any(name.startswith(".") for name in os.listdir(path.parent) if name != "latest")

@@ -1,0 +1,170 @@
+"""scripts/train.py end to end: exact resume after SIGKILL, DDP, wandb offline, sweeps, bad input."""
+
+from __future__ import annotations
+
+import os
+import runpy
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+from nanoattn.logging import read_metrics
+from nanoattn.train import train
+
+SCRIPT_DIR = os.path.join(os.path.dirname(__file__), "..", "..", "scripts")
+COMPARED = ("step", "train_loss", "lr", "tokens", "grad_norm", "val_loss", "val_bpb")
+
+
+def _comparable(run_dir, upto=None):
+    return [{k: r[k] for k in COMPARED if k in r} for r in read_metrics(run_dir / "metrics.jsonl")
+            if upto is None or r["step"] <= upto]
+
+
+def _assert_close(a, b, tol):
+    assert [r["step"] for r in a] == [r["step"] for r in b]
+    for ra, rb in zip(a, b, strict=True):
+        assert ra.keys() == rb.keys()
+        for key in ra:
+            assert ra[key] == pytest.approx(rb[key], abs=tol, rel=0), (ra["step"], key)
+
+
+def _latest_step(run_dir) -> int | None:
+    latest = run_dir / "checkpoints" / "latest"
+    return int(latest.read_text()) if latest.exists() else None
+
+
+def test_sigkill_after_a_checkpoint_then_resume_equals_the_uninterrupted_run(tmp_path, tiny_config,
+                                                                             as_overrides, run_script):
+    # Constant schedule so that max_steps (which may change on resume) does not change the lr;
+    # dropout and gradient accumulation so the RNG and the micro-steps must be restored too.
+    options = dict(model={"dropout": 0.1}, grad_accum=2, schedule="constant", ckpt_interval=5,
+                   eval_interval=5, log_interval=1)
+    run_dir = tmp_path / "run"
+    args = as_overrides(tiny_config(run_dir, **{**options, "max_steps": 100_000}))
+    with open(tmp_path / "killed.log", "w") as log:
+        proc = subprocess.Popen([sys.executable, os.path.join(SCRIPT_DIR, "train.py"), *args],
+                                stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            step = _latest_step(run_dir)
+            records = read_metrics(run_dir / "metrics.jsonl") if (run_dir / "metrics.jsonl").exists() else []
+            if step is not None and records and records[-1]["step"] >= step + 2:
+                break
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    killed_at = read_metrics(run_dir / "metrics.jsonl")[-1]["step"]
+    n = _latest_step(run_dir)
+    assert n is not None and killed_at > n, (tmp_path / "killed.log").read_text()
+
+    end = n + 7
+    resumed = run_script(*args, "train.resume=true", f"train.max_steps={end}")
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"resumed from {run_dir / 'checkpoints' / f'{n:06d}'} at step {n}" in resumed.stderr
+    reference = train(tiny_config(tmp_path / "reference", **{**options, "max_steps": end}))
+    _assert_close(_comparable(run_dir), _comparable(reference), tol=1e-6)
+
+
+def test_two_process_ddp_matches_one_process_with_the_same_global_batch_and_resumes(
+        tmp_path, tiny_config, as_overrides):
+    # Rank r takes the r-th slice of one global draw of windows, so 2 ranks x 2 sequences see
+    # the 4 sequences of one process: the same losses (up to float summation order) prove that
+    # the ranks saw different data and that DDP averaged their gradients.
+    options = dict(batch_size=2, max_steps=4, eval_interval=2, ckpt_interval=2, log_interval=1,
+                   schedule="constant")
+    args = [a for a in as_overrides(tiny_config(tmp_path, **options)) if not a.startswith("out_dir=")]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                os.path.join(SCRIPT_DIR, "train.py")]
+    first = subprocess.run([*torchrun, *args], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr
+    runs = list((tmp_path / "runs").iterdir())
+    assert len(runs) == 1, runs  # rank 0 chose the directory; rank 1's own ${now:} left nothing
+    assert first.stderr.count("done: step 4/4") == 1  # only rank 0 reports
+    run_dir = runs[0]
+    resumed = subprocess.run([*torchrun, *args, f"out_dir={run_dir}", "train.resume=true",
+                              "train.max_steps=6"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    reference = train(tiny_config(tmp_path / "reference", **{**options, "batch_size": 4, "max_steps": 6}))
+    _assert_close(_comparable(run_dir), _comparable(reference), tol=1e-5)
+
+
+def test_wandb_without_login_runs_offline_under_the_run_dir(tmp_path, tiny_config, as_overrides, run_script):
+    # HOME is a fresh folder (no ~/.netrc) and WANDB_API_KEY / WANDB_MODE are unset: not logged in,
+    # so the logger picks offline mode itself, without touching the network.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    env["HOME"] = str(tmp_path / "home")
+    run_dir = tmp_path / "run"
+    args = [a for a in as_overrides(tiny_config(run_dir, max_steps=4)) if not a.startswith("logger.")]
+    result = subprocess.run([sys.executable, os.path.join(SCRIPT_DIR, "train.py"), *args, "logger=wandb"],
+                            capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stderr
+    offline = list((run_dir / "wandb").glob("offline-run-*"))
+    assert len(offline) == 1 and list(offline[0].glob("run-*.wandb"))
+    assert f"wandb sync {offline[0]}" in result.stderr
+    assert len(read_metrics(run_dir / "metrics.jsonl")) == 4
+
+
+def _main(monkeypatch, capsys, *args):
+    """scripts/train.py in this process: (exit code or message, stdout, stderr)."""
+    monkeypatch.setattr(sys, "argv", [os.path.join(SCRIPT_DIR, "train.py"), *args])
+    monkeypatch.syspath_prepend(SCRIPT_DIR)
+    monkeypatch.setenv("HYDRA_FULL_ERROR", "1")
+    code = 0
+    try:
+        runpy.run_path(os.path.join(SCRIPT_DIR, "train.py"), run_name="__main__")
+    except SystemExit as e:
+        code = e.code
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+BAD = [
+    (["train.batch_sise=4"], "unknown key 'train.batch_sise'; allowed: batch_size, beta1"),
+    (["train.batch_size=0"], "train.batch_size=0 is invalid: must be a positive integer"),
+    (["train.lr=-1"], "train.lr=-1 is invalid: must be a positive number"),
+    (["pos=foo"], "pos/foo"),
+    (["model.n_kv_head=4"], "model.n_kv_head=4 is invalid: must divide n_head=6"),
+    (["train.schedule=linear"], "train.schedule='linear' is invalid: allowed: cosine | wsd | constant"),
+    (["train.resume=true"], "holds no run"),
+]
+
+
+@pytest.mark.parametrize("args,message", BAD, ids=[a[0] for a, _ in BAD])
+def test_bad_input_is_one_error_line(tmp_path, monkeypatch, capsys, args, message):
+    code, out, err = _main(monkeypatch, capsys, f"out_dir={tmp_path / 'run'}", *args)
+    assert isinstance(code, str) and code.startswith("error: ") and "\n" not in code, code
+    assert message in code
+    assert "Traceback" not in err + out
+    assert not (tmp_path / "run").exists()  # Hydra's directory of a failed start is removed
+
+
+def test_a_user_mistake_prints_no_traceback_in_a_real_process(tmp_path, run_script):
+    for args in (["train.batch_sise=4"], ["train.batch_size=0"]):
+        result = run_script(f"out_dir={tmp_path / 'run'}", *args)
+        lines = result.stderr.strip().splitlines()
+        assert result.returncode == 1 and len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+
+
+def test_cfg_job_and_help_work(monkeypatch, capsys):
+    code, out, _ = _main(monkeypatch, capsys, "--cfg", "job", "model=llama-tiny", "pos=alibi")
+    cfg = yaml.safe_load(out)
+    assert code in (0, None) and cfg["model"]["pos"] == "alibi" and cfg["model"]["n_kv_head"] == 2
+    assert "batch_size" in cfg["train"] and "grad_accum" in cfg["train"]
+    code, out, _ = _main(monkeypatch, capsys, "--help")
+    assert code in (0, None) and "pos: alibi, learned, nope, rope, sinusoidal" in out
+
+
+def test_a_multirun_sweep_lands_in_separate_run_directories(tmp_path, tiny_config, as_overrides,
+                                                           monkeypatch, capsys):
+    args = [a for a in as_overrides(tiny_config(tmp_path / "sweep", max_steps=2, eval_interval=0))
+            if not a.startswith("model.pos")]
+    code, _, err = _main(monkeypatch, capsys, "-m", *args, "pos=rope,alibi")
+    assert code in (0, None), err
+    for job, pos in (("0", "rope"), ("1", "alibi")):
+        saved = yaml.safe_load((tmp_path / "sweep" / job / "config.yaml").read_text())
+        assert saved["model"]["pos"] == pos and saved["out_dir"] == str(tmp_path / "sweep" / job)
+        assert (tmp_path / "sweep" / job / "checkpoints" / "latest").exists()

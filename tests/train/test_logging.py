@@ -1,0 +1,108 @@
+"""Loggers: jsonl lines survive a torn write, wandb failures never stop training, offline detection."""
+
+import json
+import sys
+import types
+
+from nanoattn import logging as nl
+from nanoattn.config import LoggerConfig
+
+
+def test_jsonl_appends_one_object_per_line_and_truncation_drops_later_and_torn_lines(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    logger = nl.JsonlLogger(path)
+    for step in (1, 2, 3):
+        logger.log({"step": step, "train_loss": 1.0 / step})
+    logger.close()
+    with open(path, "a") as f:
+        f.write('{"step": 4, "train_lo')  # a kill in the middle of a write
+    assert [r["step"] for r in nl.read_metrics(path)] == [1, 2, 3]
+    nl.truncate_metrics(path, 2)
+    assert path.read_text().splitlines() == [json.dumps({"step": 1, "train_loss": 1.0}),
+                                             json.dumps({"step": 2, "train_loss": 0.5})]
+
+
+def _fake_wandb(monkeypatch, *, init=None, log=None):
+    calls = {"init": [], "log": []}
+
+    class Run:
+        dir = "/tmp/fake-wandb/files"
+
+        def define_metric(self, *args, **kwargs):
+            pass
+
+        def log(self, record):
+            calls["log"].append(record)
+            if log is not None:
+                raise log
+
+        def finish(self):
+            pass
+
+    def fake_init(**kwargs):
+        calls["init"].append(kwargs)
+        if init is not None:
+            raise init
+        return Run()
+
+    module = types.SimpleNamespace(init=fake_init, Settings=lambda **kw: kw)
+    monkeypatch.setitem(sys.modules, "wandb", module)
+    return calls
+
+
+def test_a_wandb_error_is_reported_once_and_training_goes_on(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    calls = _fake_wandb(monkeypatch, log=RuntimeError("connection reset\nsecond line"))
+    logger = nl.WandbLogger(LoggerConfig(type="wandb"), tmp_path, {"lr": 1})
+    for step in range(3):
+        logger.log({"step": step, "train_loss": 1.0})
+    logger.close()
+    err = capsys.readouterr().err
+    assert len(calls["log"]) == 1  # switched off after the first failure
+    assert err.count("wandb: disabled after an error (RuntimeError: connection reset)") == 1
+    assert calls["init"][0]["mode"] == "offline" and calls["init"][0]["dir"] == str(tmp_path)
+
+
+def test_a_failing_wandb_init_leaves_a_silent_logger(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    _fake_wandb(monkeypatch, init=OSError("no space"))
+    logger = nl.WandbLogger(LoggerConfig(type="wandb"), tmp_path, {})
+    logger.log({"step": 1})
+    logger.close()
+    assert capsys.readouterr().err.count("wandb: disabled") == 1
+
+
+def test_wandb_mode_is_offline_without_a_login_and_never_probes_the_network(tmp_path, monkeypatch):
+    for key in ("WANDB_MODE", "WANDB_API_KEY"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc
+
+    def no_network(*args, **kwargs):
+        raise AssertionError("the network was probed")
+
+    monkeypatch.setattr(nl.socket, "create_connection", no_network)
+    assert nl.wandb_mode() == "offline"
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    assert nl.wandb_mode() == "disabled"
+
+
+def test_a_logged_in_user_without_network_goes_offline(tmp_path, monkeypatch):
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
+
+    def unreachable(*args, **kwargs):
+        raise OSError("network is unreachable")
+
+    monkeypatch.setattr(nl.socket, "create_connection", unreachable)
+    assert nl.wandb_mode() == "offline"
+
+
+def test_the_console_without_a_terminal_prints_one_line_per_record(capsys):
+    console = nl.ConsoleLogger(total_steps=10)
+    console.log({"step": 5, "train_loss": 2.5, "lr": 1e-3, "tokens": 10, "tok_per_s": 1234.0})
+    console.log({"step": 10, "train_loss": 2.0, "lr": 1e-4, "tokens": 20, "tok_per_s": 1000.0,
+                 "val_loss": 2.1, "val_bpb": 1.2})
+    console.close()
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == ["step 5: train_loss 2.5000, lr 1.00e-03, 1,234 tok/s",
+                     "step 10: train_loss 2.0000, lr 1.00e-04, 1,000 tok/s; val_loss 2.1000, val_bpb 1.2000"]

@@ -1,0 +1,228 @@
+"""The training loop through the library: run directory, evaluation, resume, stops and bad input."""
+
+import math
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+import yaml
+
+import nanoattn.train.loop as loop
+from nanoattn import load_checkpoint
+from nanoattn.config import RunConfig
+from nanoattn.data import TokenData, bits_per_byte, data_dir
+from nanoattn.logging import read_metrics
+from nanoattn.train import CheckpointError, TrainingDiverged, load_trainer_state, train
+
+COMPARED = ("step", "train_loss", "lr", "tokens", "grad_norm", "val_loss", "val_bpb")
+
+
+def _comparable(run_dir):
+    return [{k: r[k] for k in COMPARED if k in r} for r in read_metrics(run_dir / "metrics.jsonl")]
+
+
+def _assert_same_metrics(a, b):
+    assert [r["step"] for r in a] == [r["step"] for r in b]
+    for ra, rb in zip(a, b, strict=True):
+        assert ra.keys() == rb.keys()
+        for key in ra:
+            assert ra[key] == pytest.approx(rb[key], abs=1e-6, rel=0), (ra["step"], key)
+
+
+def test_a_run_writes_the_documented_run_directory(tmp_path, tiny_config):
+    run_dir = train(tiny_config(tmp_path / "run"))
+    assert run_dir == tmp_path / "run"
+    assert sorted(p.name for p in run_dir.iterdir()) == ["checkpoints", "config.yaml", "metrics.jsonl"]
+    records = read_metrics(run_dir / "metrics.jsonl")
+    assert [r["step"] for r in records] == list(range(1, 13))
+    for r in records:
+        assert {"step", "train_loss", "lr", "tokens", "tok_per_s"} <= r.keys()
+        assert r["tokens"] == r["step"] * 4 * 32
+    evals = [r for r in records if "val_loss" in r]
+    assert [r["step"] for r in evals] == [4, 8, 12]
+    bytes_per_token = TokenData(data_dir(RunConfig.from_dict(tiny_config(tmp_path)).data)).bytes_per_token
+    for r in evals:
+        assert r["val_bpb"] == pytest.approx(bits_per_byte(r["val_loss"], bytes_per_token))
+    assert records[-1]["train_loss"] < records[0]["train_loss"]
+
+    ckpts = run_dir / "checkpoints"
+    assert sorted(p.name for p in ckpts.iterdir()) == ["000004", "000008", "000012", "latest"]
+    assert (ckpts / "latest").read_text() == "000012\n"
+    for name in ("model.safetensors", "config.json", "tokenizer.json", "trainer_state.pt"):
+        assert (ckpts / "000012" / name).is_file()
+    state = load_trainer_state(run_dir)
+    assert state["step"] == 12 and {"optimizer", "rng", "window", "data"} <= state.keys()
+    saved = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert saved["model"]["vocab_size"] == 257  # raised from 64 to the byte tokenizer's 257
+    assert RunConfig.from_dict(saved).train.max_steps == 12
+    ckpt = load_checkpoint(run_dir)
+    assert (ckpt.step, ckpt.train_seq_len, ckpt.config.vocab_size) == (12, 32, 257)
+
+
+def test_val_loss_equals_an_independent_evaluation_of_the_checkpoint(tmp_path, tiny_config):
+    cfg = tiny_config(tmp_path / "run", eval_steps=3)
+    run_dir = train(cfg)
+    data = TokenData(data_dir(RunConfig.from_dict(cfg).data))
+    model = load_checkpoint(run_dir).model
+    with torch.no_grad():
+        losses = [model.loss(x, y).item() for x, y in data.val_batches(3, batch_size=4, seq_len=32)]
+    assert read_metrics(run_dir / "metrics.jsonl")[-1]["val_loss"] == pytest.approx(sum(losses) / 3, abs=1e-6)
+
+
+def test_a_larger_vocab_is_kept_as_padding(tmp_path, tiny_config):
+    run_dir = train(tiny_config(tmp_path / "run", model={"vocab_size": 300}, max_steps=1))
+    assert load_checkpoint(run_dir).config.vocab_size == 300
+
+
+def _inject(monkeypatch, on_call, action):
+    """Run ``action(loss)`` on the on_call-th training micro-batch (1-based)."""
+    original = loop._LossModule.forward
+    calls = {"n": 0}
+
+    def forward(self, x, y):
+        calls["n"] += 1
+        loss = original(self, x, y)
+        return action(loss) if calls["n"] >= on_call else loss
+
+    monkeypatch.setattr(loop._LossModule, "forward", forward)
+    return calls
+
+
+def test_sigterm_checkpoints_and_the_resumed_run_equals_an_uninterrupted_one(tmp_path, tiny_config,
+                                                                             monkeypatch):
+    # dropout (RNG state), gradient accumulation and a log window open at the stop all must survive.
+    options = dict(model={"dropout": 0.1}, grad_accum=2, log_interval=3, eval_interval=6, ckpt_interval=100)
+    reference = train(tiny_config(tmp_path / "reference", **options))
+    sent = {"done": False}
+
+    def sigterm_once(loss):
+        if not sent["done"]:
+            sent["done"] = True
+            os.kill(os.getpid(), signal.SIGTERM)
+        return loss
+
+    calls = _inject(monkeypatch, 9, sigterm_once)  # micro-batch 9 = the first of update 5
+    run_dir = train(tiny_config(tmp_path / "run", **options))
+    assert calls["n"] == 10  # update 5 finished, then it stopped
+    assert (run_dir / "checkpoints" / "latest").read_text() == "000005\n"
+    assert load_trainer_state(run_dir)["window"]["count"] == 4  # updates 4 and 5, 2 micro-batches each
+    monkeypatch.undo()
+    train(tiny_config(tmp_path / "run", resume=True, **options))
+    _assert_same_metrics(_comparable(run_dir), _comparable(reference))
+
+
+def test_a_non_finite_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, tiny_config,
+                                                                           monkeypatch):
+    _inject(monkeypatch, 6, lambda loss: loss * float("nan"))  # update 6 on: NaN
+    with pytest.raises(TrainingDiverged, match="non-finite") as err:
+        train(tiny_config(tmp_path / "run", ckpt_interval=2))
+    assert "000004" in str(err.value) and "\n" not in str(err.value)
+    ckpts = tmp_path / "run" / "checkpoints"
+    assert (ckpts / "latest").read_text() == "000004\n"
+    assert not (ckpts / "000006").exists()
+    model = load_checkpoint(tmp_path / "run").model
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+    records = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert all(math.isfinite(r["train_loss"]) for r in records)
+
+
+def test_resuming_a_different_run_names_the_differing_key(tmp_path, tiny_config):
+    train(tiny_config(tmp_path / "run", max_steps=4))
+    with pytest.raises(ValueError, match=r"holds a different run: train\.lr=0\.003 there, 0\.01 now"):
+        train(tiny_config(tmp_path / "run", resume=True, lr=0.01))
+    with pytest.raises(ValueError, match=r"model\.d_model"):
+        train(tiny_config(tmp_path / "run", resume=True, model={"d_model": 64}))
+    # keys that may change: a longer run, other intervals
+    train(tiny_config(tmp_path / "run", resume=True, max_steps=6, eval_interval=3, keep_last=1))
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["000006", "latest"]
+
+
+def test_a_fresh_run_never_overwrites_an_existing_run(tmp_path, tiny_config):
+    train(tiny_config(tmp_path / "run", max_steps=4))
+    before = (tmp_path / "run" / "checkpoints" / "000004" / "model.safetensors").read_bytes()
+    with pytest.raises(ValueError, match="already holds a run"):
+        train(tiny_config(tmp_path / "run", max_steps=4))
+    assert (tmp_path / "run" / "checkpoints" / "000004" / "model.safetensors").read_bytes() == before
+
+
+def test_resume_errors_are_one_line(tmp_path, tiny_config):
+    with pytest.raises(ValueError, match="holds no run"):
+        train(tiny_config(tmp_path / "empty", resume=True))
+    with pytest.raises(CheckpointError, match="does not exist"):
+        train(tiny_config(tmp_path / "x", resume=str(tmp_path / "missing")))
+    train(tiny_config(tmp_path / "run", max_steps=8))
+    with pytest.raises(ValueError, match="older than its run's latest checkpoint 000008"):
+        train(tiny_config(tmp_path / "x", resume=str(tmp_path / "run" / "checkpoints" / "000004")))
+    (tmp_path / "run" / "checkpoints" / "000008" / "model.safetensors").write_bytes(b"\x00" * 64)
+    with pytest.raises(CheckpointError, match="corrupt") as err:
+        train(tiny_config(tmp_path / "run", resume=True, max_steps=10))
+    assert "\n" not in str(err.value)
+    assert (tmp_path / "run" / "checkpoints" / "latest").read_text() == "000008\n"
+
+
+def test_resume_refuses_a_pickle_payload_without_running_it(tmp_path, tiny_config):
+    import pathlib
+
+    class Payload:
+        def __reduce__(self):
+            return (pathlib.Path.touch, (tmp_path / "pwned",))
+
+    run_dir = train(tiny_config(tmp_path / "run", max_steps=4))
+    state_file = run_dir / "checkpoints" / "000004" / "trainer_state.pt"
+    torch.save({**torch.load(state_file, weights_only=True), "x": Payload()}, state_file)
+    with pytest.raises(CheckpointError, match="refused") as err:
+        train(tiny_config(tmp_path / "run", resume=True, max_steps=6))
+    assert not (tmp_path / "pwned").exists() and "\n" not in str(err.value)
+
+
+def test_a_run_killed_before_its_first_checkpoint_restarts_from_step_0(tmp_path, tiny_config):
+    cfg = tiny_config(tmp_path / "run", max_steps=4, ckpt_interval=0)
+    reference = train(tiny_config(tmp_path / "reference", max_steps=4, ckpt_interval=0))
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.yaml").write_text(yaml.safe_dump(
+        {**yaml.safe_load((reference / "config.yaml").read_text()), "out_dir": str(tmp_path / "run")}))
+    (tmp_path / "run" / "metrics.jsonl").write_text('{"step": 1, "train_loss": 9.0}\n{"step": 2, "tra')
+    train({**cfg, "train": {**cfg["train"], "resume": True}})
+    _assert_same_metrics(_comparable(tmp_path / "run"), _comparable(reference))
+
+
+def test_init_from_starts_from_the_weights_with_the_context_fields_of_the_new_config(tmp_path, tiny_config):
+    source = train(tiny_config(tmp_path / "source", max_steps=12))
+    source_loss = read_metrics(source / "metrics.jsonl")[-1]["train_loss"]
+    cfg = tiny_config(tmp_path / "long", max_steps=2, seq_len=64, init_from=str(source),
+                      model={"d_model": 48, "max_seq_len": 64,
+                             "rope_scaling": {"type": "linear", "factor": 2.0}})
+    run_dir = train(cfg)
+    model = load_checkpoint(run_dir).config
+    assert (model.d_model, model.max_seq_len) == (32, 64)  # shape from the checkpoint, length from cfg
+    assert model.rope_scaling["original_max_seq_len"] == 32
+    first = read_metrics(run_dir / "metrics.jsonl")[0]
+    assert first["step"] == 1 and first["train_loss"] < source_loss + 0.5 < math.log(257)
+
+
+def test_auto_dtype_follows_the_cpu_flags(monkeypatch):
+    cpu = torch.device("cpu")
+    for fast in ({"avx2", "amx_bf16", "amx_tile"}, {"avx512f", "avx512_bf16"}):
+        monkeypatch.setattr(loop, "_cpu_flags", lambda fast=fast: fast)
+        assert loop.autocast_dtype("auto", cpu)[0] is torch.bfloat16
+    monkeypatch.setattr(loop, "_cpu_flags", lambda: {"avx2", "avx512f", "avx512bw"})
+    assert loop.autocast_dtype("auto", cpu)[0] is None
+    assert loop.autocast_dtype("bfloat16", cpu)[0] is torch.bfloat16
+    assert loop.autocast_dtype("float32", cpu)[0] is None
+
+
+def test_an_unavailable_device_is_a_one_line_error():
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match=r"train\.device='cuda' is invalid: no cuda device"):
+            loop.pick_device("cuda")
+    assert loop.pick_device("cpu") == torch.device("cpu")
+
+
+def test_importing_nanoattn_imports_neither_wandb_hydra_nor_datasets():
+    code = ("import sys, nanoattn, nanoattn.train, nanoattn.logging; "
+            "print(sorted(m for m in ('wandb', 'hydra', 'datasets', 'omegaconf') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
