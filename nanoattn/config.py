@@ -262,7 +262,7 @@ class TrainConfig:
     """The training loop (nanoattn/train/loop.py). Defaults are the tuned CPU run of ``make train``."""
 
     seq_len: int | None = None  # None = model.max_seq_len
-    batch_size: int = 32  # sequences per process and micro-step
+    batch_size: int = 8  # sequences per process and micro-step
     grad_accum: int = 1  # micro-steps per optimizer step; global batch = batch_size * grad_accum * world_size
     max_steps: int = 2000  # optimizer steps
     lr: float = 3e-3  # peak learning rate
@@ -275,8 +275,8 @@ class TrainConfig:
     beta1: float = 0.9
     beta2: float = 0.95
     grad_clip: float = 1.0  # max global gradient norm; 0 = no clipping
-    eval_interval: int = 250  # evaluate every this many steps (and at the start and end); 0 = only at the end
-    eval_steps: int = 20  # validation batches per evaluation (fixed windows, the same in every run)
+    eval_interval: int = 250  # evaluate every this many steps and at the end; 0 = only at the end
+    eval_steps: int = 20  # validation batches (batch_size x world_size fixed windows each) per evaluation
     log_interval: int = 10  # steps per metrics.jsonl train record (train_loss is their mean)
     ckpt_interval: int = 500  # checkpoint every this many steps (and at the end); 0 = only at the end
     keep_last: int | None = 2  # checkpoints kept; None = all
@@ -302,8 +302,8 @@ class TrainConfig:
             _check_positive_int(own, "keep_last", self.keep_last)
         if not _as_float(self.lr) > 0:
             _fail(own, "lr", self.lr, "must be a positive number")
-        if self.min_lr is None:
-            self.min_lr = self.lr / 10
+        if self.min_lr is None:  # 12 digits: config.yaml shows 0.0003, not 0.00030000000000000003
+            self.min_lr = float(f"{self.lr / 10:.12g}")
         if not 0 <= _as_float(self.min_lr) <= self.lr:
             _fail(own, "min_lr", self.min_lr, f"must be in [0, lr={self.lr}]")
         _check_choice(own, "schedule", self.schedule, SCHEDULES)

@@ -45,8 +45,8 @@ def _run_config(overrides: list[str]) -> RunConfig:
     return RunConfig.from_dict(_values(overrides))
 
 
-def test_there_is_a_model_yaml_per_preset_plus_the_default():
-    assert _names("model") == sorted([*PRESETS, "default"])
+def test_there_is_a_model_yaml_per_preset():
+    assert _names("model") == sorted(PRESETS)
     assert _names("pos") == ["alibi", "learned", "nope", "rope", "sinusoidal"]
     assert _names("logger") == ["console", "none", "wandb"]
     assert "debug" in _names("experiment")
@@ -58,7 +58,7 @@ def test_each_model_yaml_equals_its_preset(name):
 
 
 @pytest.mark.parametrize("pos", _names("pos"))
-@pytest.mark.parametrize("model", ["default", "gpt-tiny", "llama-tiny"])
+@pytest.mark.parametrize("model", ["gpt-tiny", "llama-tiny", "llama-small"])
 def test_each_pos_composes_with_each_cpu_model(model, pos):
     run = _run_config([f"model={model}", f"pos={pos}"])
     assert run.model.pos == pos and run.model.rope_scaling is None
@@ -72,10 +72,10 @@ def test_without_pos_a_preset_keeps_its_own_encoding():
     assert _run_config(["model=llama-tiny"]).model.pos == "rope"
 
 
-def test_the_default_run_is_the_dataclass_defaults_plus_the_default_model():
+def test_the_default_run_is_the_dataclass_defaults_with_llama_tiny():
     run = _run_config([])
     assert run.train == TrainConfig() and run.logger == LoggerConfig()
-    assert (run.model.pos, run.model.max_seq_len, run.data.name) == ("rope", 256, "shakespeare")
+    assert run.model == preset("llama-tiny") and run.data.name == "shakespeare"
     assert run.out_dir.startswith("runs/")
 
 

@@ -167,17 +167,24 @@ def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def _same(a: Any, b: Any) -> bool:
+    """Equal, or floats equal up to rounding (a derived value may be printed with fewer digits)."""
+    numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (a, b))
+    return a == b or (numbers and math.isclose(a, b, rel_tol=1e-9))
+
+
 def check_same_run(saved: dict[str, Any], current: dict[str, Any], where: Path) -> None:
     """Raise a one-line ValueError naming the keys where ``current`` differs from the run in ``where``."""
     old, new = _flatten(saved), _flatten(current)
     differ = [k for k in sorted(set(old) | set(new))
               if not any(k == m or (m.endswith(".") and k.startswith(m)) for m in RESUME_MAY_CHANGE)
-              and old.get(k) != new.get(k)]
+              and not _same(old.get(k), new.get(k))]
     if differ:
-        shown = ", ".join(f"{k}={old.get(k)!r} there, {new.get(k)!r} now" for k in differ[:4])
-        more = f" (+{len(differ) - 4} more)" if len(differ) > 4 else ""
-        raise ValueError(f"out_dir {str(where)!r} holds a different run: {shown}{more}; only these may "
-                         f"change on resume: {', '.join(RESUME_MAY_CHANGE)}")
+        shown = "; ".join(f"{k}={old.get(k)!r} there, {new.get(k)!r} now" for k in differ[:4])
+        more = f"; +{len(differ) - 4} more" if len(differ) > 4 else ""
+        allowed = ", ".join(k + "*" if k.endswith(".") else k for k in RESUME_MAY_CHANGE)
+        raise ValueError(f"out_dir {str(where)!r} holds a different run: {shown}{more} "
+                         f"(only these may change on resume: {allowed})")
 
 
 def _fmt_duration(seconds: float) -> str:

@@ -16,9 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from nanoattn.config import DataConfig
 from nanoattn.data import ensure_prepared
+from nanoattn.logging import read_metrics
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "train.py"
@@ -35,6 +37,16 @@ def _corpus_text(n_lines: int = 2500, seed: int = 7) -> str:
                  for _ in range(rng.randint(2, 8))]
         lines.append(" ".join(words) + rng.choice(".!?"))
     return "\n".join(lines) + "\n"
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """These models are too small to gain from a second thread, and on shared cores two OpenMP
+    threads mostly wait for each other; subprocesses get OMP_NUM_THREADS=1 (run_script, torchrun)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="session")
@@ -102,6 +114,28 @@ def run_script() -> Callable[..., subprocess.CompletedProcess]:
     def run(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None,
             timeout: float = 120) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=cwd or REPO, capture_output=True,
-                              text=True, timeout=timeout, env={**os.environ, **(env or {})})
+                              text=True, timeout=timeout,
+                              env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
 
     return run
+
+
+# Every metrics.jsonl value that must be identical between two runs of the same trajectory
+# (tok_per_s is a timing, so it is left out).
+COMPARED = ("step", "train_loss", "lr", "tokens", "grad_norm", "val_loss", "val_bpb")
+
+
+def _compare_runs(a: Path, b: Path, tol: float) -> None:
+    ra_all = [{k: r[k] for k in COMPARED if k in r} for r in read_metrics(a / "metrics.jsonl")]
+    rb_all = [{k: r[k] for k in COMPARED if k in r} for r in read_metrics(b / "metrics.jsonl")]
+    assert [r["step"] for r in ra_all] == [r["step"] for r in rb_all]
+    for ra, rb in zip(ra_all, rb_all, strict=True):
+        assert ra.keys() == rb.keys(), ra["step"]
+        for key in ra:
+            assert ra[key] == pytest.approx(rb[key], abs=tol, rel=0), (ra["step"], key)
+
+
+@pytest.fixture
+def compare_runs() -> Callable[[Path, Path, float], None]:
+    """compare_runs(run_a, run_b, tol): the same records, every compared value within tol."""
+    return _compare_runs

@@ -17,20 +17,6 @@ from nanoattn.data import TokenData, bits_per_byte, data_dir
 from nanoattn.logging import read_metrics
 from nanoattn.train import CheckpointError, TrainingDiverged, load_trainer_state, train
 
-COMPARED = ("step", "train_loss", "lr", "tokens", "grad_norm", "val_loss", "val_bpb")
-
-
-def _comparable(run_dir):
-    return [{k: r[k] for k in COMPARED if k in r} for r in read_metrics(run_dir / "metrics.jsonl")]
-
-
-def _assert_same_metrics(a, b):
-    assert [r["step"] for r in a] == [r["step"] for r in b]
-    for ra, rb in zip(a, b, strict=True):
-        assert ra.keys() == rb.keys()
-        for key in ra:
-            assert ra[key] == pytest.approx(rb[key], abs=1e-6, rel=0), (ra["step"], key)
-
 
 def test_a_run_writes_the_documented_run_directory(tmp_path, tiny_config):
     run_dir = train(tiny_config(tmp_path / "run"))
@@ -92,7 +78,7 @@ def _inject(monkeypatch, on_call, action):
 
 
 def test_sigterm_checkpoints_and_the_resumed_run_equals_an_uninterrupted_one(tmp_path, tiny_config,
-                                                                             monkeypatch):
+                                                                             monkeypatch, compare_runs):
     # dropout (RNG state), gradient accumulation and a log window open at the stop all must survive.
     options = dict(model={"dropout": 0.1}, grad_accum=2, log_interval=3, eval_interval=6, ckpt_interval=100)
     reference = train(tiny_config(tmp_path / "reference", **options))
@@ -111,7 +97,7 @@ def test_sigterm_checkpoints_and_the_resumed_run_equals_an_uninterrupted_one(tmp
     assert load_trainer_state(run_dir)["window"]["count"] == 4  # updates 4 and 5, 2 micro-batches each
     monkeypatch.undo()
     train(tiny_config(tmp_path / "run", resume=True, **options))
-    _assert_same_metrics(_comparable(run_dir), _comparable(reference))
+    compare_runs(run_dir, reference, 1e-6)
 
 
 def test_a_non_finite_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, tiny_config,
@@ -178,7 +164,7 @@ def test_resume_refuses_a_pickle_payload_without_running_it(tmp_path, tiny_confi
     assert not (tmp_path / "pwned").exists() and "\n" not in str(err.value)
 
 
-def test_a_run_killed_before_its_first_checkpoint_restarts_from_step_0(tmp_path, tiny_config):
+def test_a_run_killed_before_its_first_checkpoint_restarts_from_step_0(tmp_path, tiny_config, compare_runs):
     cfg = tiny_config(tmp_path / "run", max_steps=4, ckpt_interval=0)
     reference = train(tiny_config(tmp_path / "reference", max_steps=4, ckpt_interval=0))
     (tmp_path / "run").mkdir()
@@ -186,7 +172,7 @@ def test_a_run_killed_before_its_first_checkpoint_restarts_from_step_0(tmp_path,
         {**yaml.safe_load((reference / "config.yaml").read_text()), "out_dir": str(tmp_path / "run")}))
     (tmp_path / "run" / "metrics.jsonl").write_text('{"step": 1, "train_loss": 9.0}\n{"step": 2, "tra')
     train({**cfg, "train": {**cfg["train"], "resume": True}})
-    _assert_same_metrics(_comparable(tmp_path / "run"), _comparable(reference))
+    compare_runs(tmp_path / "run", reference, 1e-6)
 
 
 def test_init_from_starts_from_the_weights_with_the_context_fields_of_the_new_config(tmp_path, tiny_config):
