@@ -36,15 +36,6 @@ PROMPT = 5
 PENALTY = 3.0  # enough that greedy decoding of a random model does not repeat one token
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models decode fastest on one thread; on a busy 2-core machine two threads spin-wait."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def tiny(pos: str = "rope", n_kv_head: int = 2, rope_scaling=None, vocab_size: int = 64) -> GPT:
     torch.manual_seed(0)
     cfg = ModelConfig(vocab_size=vocab_size, d_model=32, n_layer=2, n_head=4, n_kv_head=n_kv_head, d_ff=64,

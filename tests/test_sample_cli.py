@@ -7,7 +7,6 @@ library function it calls and ``configs/sample.yaml`` are also checked in proces
 from __future__ import annotations
 
 import io
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -50,23 +49,13 @@ def runs(tmp_path_factory) -> dict[str, Path]:
 
 
 def launch(*overrides: str) -> subprocess.Popen:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.Popen([sys.executable, str(ROOT / "scripts" / "sample.py"), *overrides], cwd=ROOT,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def finish(process: subprocess.Popen) -> tuple[int, str, str]:
     out, err = process.communicate(timeout=300)
     return process.returncode, out, err
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models decode fastest on one thread; on a busy 2-core machine two threads spin-wait."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def sample(runs, pos: str = "rope", **options) -> tuple[list[str], str, str]:

@@ -53,15 +53,6 @@ ROOT = Path(__file__).resolve().parents[2]
 LAYOUTS = {"mha": 4, "gqa": 2, "mqa": 1}
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """These models are tiny: one thread beats two contended ones on a shared 2-core machine (~10x)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def small_model(n_kv_head: int = 4, seed: int = 0, **overrides) -> GPT:
     torch.manual_seed(seed)
     fields = dict(vocab_size=50, d_model=32, n_layer=2, n_head=4, n_kv_head=n_kv_head, max_seq_len=32)

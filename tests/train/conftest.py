@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
 from nanoattn.config import DataConfig
 from nanoattn.data import ensure_prepared
@@ -37,16 +36,6 @@ def _corpus_text(n_lines: int = 2500, seed: int = 7) -> str:
                  for _ in range(rng.randint(2, 8))]
         lines.append(" ".join(words) + rng.choice(".!?"))
     return "\n".join(lines) + "\n"
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """These models are too small to gain from a second thread, and on shared cores two OpenMP
-    threads mostly wait for each other; subprocesses get OMP_NUM_THREADS=1 (run_script, torchrun)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="session")
@@ -115,7 +104,7 @@ def run_script() -> Callable[..., subprocess.CompletedProcess]:
             timeout: float = 120) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=cwd or REPO, capture_output=True,
                               text=True, timeout=timeout,
-                              env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+                              env={**os.environ, **(env or {})})
 
     return run
 

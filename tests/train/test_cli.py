@@ -32,8 +32,7 @@ def test_sigkill_after_a_checkpoint_then_resume_equals_the_uninterrupted_run(tmp
     args = as_overrides(tiny_config(run_dir, **{**options, "max_steps": 100_000}))
     with open(tmp_path / "killed.log", "w") as log:
         proc = subprocess.Popen([sys.executable, os.path.join(SCRIPT_DIR, "train.py"), *args],
-                                stdout=log, stderr=subprocess.STDOUT,
-                                env={**os.environ, "OMP_NUM_THREADS": "1"})
+                                stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and proc.poll() is None:
             step = _latest_step(run_dir)
@@ -82,7 +81,7 @@ def test_wandb_without_login_runs_offline_under_the_run_dir(tmp_path, tiny_confi
     # HOME is a fresh folder (no ~/.netrc) and WANDB_API_KEY / WANDB_MODE are unset: not logged in,
     # so the logger picks offline mode itself, without touching the network.
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
-    env.update(HOME=str(tmp_path / "home"), OMP_NUM_THREADS="1")
+    env.update(HOME=str(tmp_path / "home"))
     run_dir = tmp_path / "run"
     args = [a for a in as_overrides(tiny_config(run_dir, max_steps=4)) if not a.startswith("logger.")]
     result = subprocess.run([sys.executable, os.path.join(SCRIPT_DIR, "train.py"), *args, "logger=wandb"],
