@@ -157,6 +157,9 @@ def resolve_checkpoint(path: str | Path) -> Path:
     if not path.exists():
         raise CheckpointError(f"checkpoint {str(path)!r} does not exist")
     if (path / "config.json").exists() and (path / "model.safetensors").exists():
+        if '"model_type"' in (path / "config.json").read_text():
+            raise CheckpointError(f"{str(path)!r} is a transformers model folder, not a nanoattn checkpoint; "
+                                  f"load it with nanoattn.hf.import_hf")
         return path
     for root in (path / "checkpoints", path):
         if (root / LATEST).exists():
@@ -229,7 +232,11 @@ def load_checkpoint(
     if (path / "tokenizer.json").exists():
         from tokenizers import Tokenizer
 
-        tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
+        try:
+            tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
+        except Exception as e:  # tokenizers raises a bare Exception for a malformed file
+            reason = str(e).splitlines()[0][:120]
+            raise CheckpointError(f"{path / 'tokenizer.json'} is corrupt: {reason}") from None
     return Checkpoint(model.eval(), tokenizer, cfg, path, train_seq_len, int(meta.get("step", 0)))
 
 

@@ -156,3 +156,16 @@ def test_config_json_records_the_training_length_and_step(tmp_path):
     meta = json.loads((path / "config.json").read_text())
     assert (meta["step"], meta["train_seq_len"], meta["model"]) == (7, 16, CFG.to_dict())
     assert not any(name.startswith(".") for name in os.listdir(path.parent) if name != "latest")
+
+
+def test_a_transformers_folder_or_a_corrupt_tokenizer_is_a_one_line_error(tmp_path):
+    from nanoattn.hf import export_hf
+
+    model = GPT(ModelConfig(vocab_size=64, d_model=32, n_layer=1, n_head=2))
+    export_hf(model, tmp_path / "hf")
+    with pytest.raises(CheckpointError, match="transformers model folder.*import_hf"):
+        load_checkpoint(tmp_path / "hf")
+    ckpt = save_checkpoint(tmp_path / "ckpts", "000001", model, train_seq_len=32, step=1)
+    (ckpt / "tokenizer.json").write_text("{not json")
+    with pytest.raises(CheckpointError, match=r"tokenizer\.json is corrupt"):
+        load_checkpoint(ckpt)
