@@ -36,6 +36,7 @@ from nanoattn.train.loop import train
 # The model fields an extension sets; everything else is the checkpoint's.
 EXTENSION_FIELDS = ("rope_scaling", "max_seq_len")
 FINE_TUNE_TYPES = "linear | ntk | yarn | llama3"
+ORIGINAL_KEYS = {"original_max_seq_len", "original_max_position_embeddings"}  # ours, transformers'
 
 
 def extension_config(cfg: Mapping[str, Any]) -> RunConfig:
@@ -61,14 +62,15 @@ def extension_config(cfg: Mapping[str, Any]) -> RunConfig:
     if not isinstance(scaling, Mapping):
         raise ValueError(f"model.rope_scaling={scaling!r} is invalid: extending a context needs a scaling "
                          f"such as {{type: yarn, factor: 4}}; types: {FINE_TUNE_TYPES}")
-    scaling = dict(scaling)
+    # A null original length (the config's default) means "not given".
+    scaling = {k: v for k, v in scaling.items() if not (k in ORIGINAL_KEYS and v is None)}
     kind = scaling.get("type", scaling.get("rope_type"))
     if kind == "dynamic":
         raise ValueError("model.rope_scaling.type='dynamic' is invalid for fine-tuning: its base depends on "
-                         "the input length, so it is applied zero-shot at inference "
-                         "(rope_scaling.type=dynamic in eval_length, sample or load_checkpoint); "
-                         f"fine-tune with {FINE_TUNE_TYPES}")
-    if scaling.get("original_max_seq_len") is None and "original_max_position_embeddings" not in scaling:
+                         "the input length, so it is applied zero-shot at inference (rope_scaling="
+                         "{type: dynamic, factor: 4} in eval_length or sample, or load_checkpoint's "
+                         f"rope_scaling); fine-tune with {FINE_TUNE_TYPES}")
+    if not ORIGINAL_KEYS & set(scaling):
         earlier = trained.get("rope_scaling")
         scaling["original_max_seq_len"] = earlier["original_max_seq_len"] if earlier else trained_len
 

@@ -15,9 +15,9 @@ tokens; every test loads it back with a scaling override. What is asserted:
   it are position-interpolated (equal PI's), so the whole-head score at distances 1-4 is nearly
   unchanged while PI's is not;
 - KV-cached decoding with a bare ``KVCache`` (token by token and in chunks, crossing the original
-  length) equals recomputation for the static types. For dynamic, whose cache holds un-rotated
-  keys, it does so in a one-layer model and up to the original length, and not beyond it with
-  two layers: the documented caveat that ``generate`` resolves by re-encoding.
+  length) equals recomputation for the static types. For dynamic it does so up to the original
+  length only, and ``pos.rotation_changes`` (what ``generate`` re-encodes on) is True exactly
+  from there on: the documented caveat. ``generate`` itself is tested in tests/test_generate.py.
 """
 
 from __future__ import annotations
@@ -45,10 +45,10 @@ FACTOR = 4.0
 TINY = dict(vocab_size=97, d_model=64, n_layer=2, n_head=2, n_kv_head=1, d_ff=128, init_std=0.2)
 
 
-def save_tiny(root, *, pos: str = "rope", max_seq_len: int = 2 * TRAIN_LEN, **fields) -> GPT:
+def save_tiny(root, *, pos: str = "rope", max_seq_len: int = 2 * TRAIN_LEN) -> GPT:
     """Save a seeded tiny model whose checkpoint says it was trained at TRAIN_LEN (< max_seq_len)."""
     torch.manual_seed(0)
-    model = GPT(ModelConfig(**{**TINY, **fields}, max_seq_len=max_seq_len, pos=pos))
+    model = GPT(ModelConfig(**TINY, max_seq_len=max_seq_len, pos=pos))
     save_checkpoint(root / "checkpoints", "1", model, train_seq_len=TRAIN_LEN, step=1)
     return model
 
@@ -254,24 +254,23 @@ def test_cached_decoding_equals_recomputation(run_dir, tokens, kind, chunks):
 
 
 @pytest.mark.parametrize("chunks", CHUNKS)
-def test_dynamic_cache_is_exact_in_a_one_layer_model(tmp_path, tokens, chunks):
-    # The cache holds un-rotated keys and every step rotates all of them with the current base,
-    # so attention over the cached tokens equals recomputation wherever K and V are functions of
-    # the tokens alone: in the first layer.
-    save_tiny(tmp_path, n_layer=1)
-    model = load_checkpoint(tmp_path, rope_scaling=scaling("dynamic")).model
-    assert max(cached_vs_recomputed(model, tokens[:1], chunks)) < 1e-4
-
-
-@pytest.mark.parametrize("chunks", CHUNKS)
-def test_dynamic_cache_is_exact_up_to_the_original_length_only(run_dir, tokens, chunks):
-    # The documented caveat (docs/rope_scaling.md): in deeper layers, a cached token's K and V come
-    # from hidden states computed with the base of the step that produced them; recomputation
-    # redoes them with the current base. Equal while the base is unchanged (length <= L0), and for
-    # the prefill, which is one pass whatever its length.
+def test_dynamic_bare_cache_is_exact_only_while_the_base_is_unchanged(run_dir, tokens, chunks):
+    # The documented caveat (docs/rope_scaling.md): cached keys were rotated, and deeper layers'
+    # keys and values computed, with the base of the step that produced them; recomputation redoes
+    # everything with the current base. Equal while the base is unchanged (length <= L0) and for
+    # the prefill, which is one pass whatever its length; generate re-encodes past that point.
     model = load_checkpoint(run_dir, rope_scaling=scaling("dynamic")).model
     gaps, ends = cached_vs_recomputed(model, tokens[:1], chunks), list(itertools.accumulate(chunks))
     exact = [gaps[0]] + [gap for gap, end in zip(gaps[1:], ends[1:], strict=True) if end <= TRAIN_LEN]
     stale = [gap for gap, end in zip(gaps[1:], ends[1:], strict=True) if end > TRAIN_LEN]
     assert max(exact) < 1e-4
     assert min(stale) > 1e-3
+
+
+@pytest.mark.parametrize("kind", TYPES)
+def test_rotation_changes_exactly_when_the_cache_goes_stale(run_dir, kind):
+    """The signal generate re-encodes on: only dynamic, and only once the length passes L0."""
+    pos = load_checkpoint(run_dir, rope_scaling=scaling(kind)).model.pos
+    for old, new in [(1, TRAIN_LEN), (TRAIN_LEN // 2, TRAIN_LEN), (TRAIN_LEN, TRAIN_LEN + 1),
+                     (TRAIN_LEN + 1, TRAIN_LEN + 2), (TRAIN_LEN, 3 * TRAIN_LEN)]:
+        assert pos.rotation_changes(old, new) == (kind == "dynamic" and new > TRAIN_LEN), (old, new)

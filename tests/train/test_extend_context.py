@@ -140,6 +140,9 @@ def test_original_length_defaults_to_the_unscaled_training_length(base_run, data
     explicit = extension_config(extension(base_run, tmp_path / "a", data,
                                           {"type": "yarn", "factor": 4.0, "original_max_seq_len": 8}))
     assert explicit.model.rope_scaling["original_max_seq_len"] == 8
+    spelt = extension_config(extension(base_run, tmp_path / "a", data, {  # transformers' key, ours null
+        "type": "yarn", "factor": 4.0, "original_max_seq_len": None, "original_max_position_embeddings": 8}))
+    assert spelt.model.rope_scaling["original_max_seq_len"] == 8
     # A checkpoint extended before (16 -> 32 by linear x2): a new scaling replaces its scaling and
     # is measured from the same unscaled length 16, not from the 32 it was fine-tuned at.
     torch.manual_seed(0)
