@@ -73,9 +73,15 @@ def one_line(error: BaseException) -> str:
     return " ".join(ln if ln.endswith((".", ":")) else ln + "." for ln in lines)
 
 
+# Mappings whose keys depend on a choice (each RoPE scaling type has its own parameters), so
+# they are null in the configs; ``rope_scaling.type=yarn`` then means ``+rope_scaling.type=yarn``.
+OPEN_MAPPINGS = ("rope_scaling.",)
+
+
 def run_cli(main: Callable[[], Any]) -> None:
     """Call a ``@hydra.main`` function; a composition error exits with one ``error:`` line."""
     os.environ["HYDRA_FULL_ERROR"] = "1"  # let Hydra's exceptions reach us instead of printing them
+    sys.argv[1:] = ["+" + arg if arg.startswith(OPEN_MAPPINGS) else arg for arg in sys.argv[1:]]
     try:
         main()
     except (HydraException, OmegaConfBaseException) as e:

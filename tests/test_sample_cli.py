@@ -86,7 +86,10 @@ def test_cli_errors_are_one_line(runs, tmp_path):
         (corrupt / name).write_bytes((checkpoint / name).read_bytes())
     (corrupt / "model.safetensors").write_bytes(b"not a safetensors file")
     processes = {"does not exist": launch(f"ckpt={tmp_path / 'nothing'}"),
-                 "is corrupt": launch(f"ckpt={corrupt}")}
+                 "is corrupt": launch(f"ckpt={corrupt}"),
+                 # dotted rope_scaling keys need no '+': the scaling reaches the model's validation
+                 "type='bogus' is invalid": launch(f"ckpt={checkpoint}", "rope_scaling.type=bogus",
+                                                  "rope_scaling.factor=4")}
     for expected, process in processes.items():
         rc, out, err = finish(process)
         assert rc != 0 and out == ""
