@@ -13,12 +13,13 @@ Design choices:
   ``nanoattn.hf.export_hf`` (so the shapes cannot drift apart) and loaded with SDPA attention.
   Its loss gets ``shift_labels`` = our targets, so both predict B x T tokens from the same B x T
   inputs (``labels`` alone shifts them and predicts T - 1 per row); both train with the same
-  fused AdamW, and their first losses are compared to show that they compute the same function.
+  fused AdamW, and their losses on the initial weights (``initial_loss``) show that they
+  compute the same function.
 - Tokens per second is wall time: training counts input tokens per optimizer step; decoding
   counts generated tokens, prefill included; evaluation counts scored targets.
 - MFU is ``GPT.flops_per_token`` (6 x matmul weights + the full T x T attention, PaLM's count)
-  times tokens/s over the machine's matmul peak, measured in the same run as the median rate of
-  a 2048^3 matmul in that dtype (not the datasheet's number).
+  times tokens/s over the machine's matmul peak, measured in the same run as the fastest of
+  ``reps`` 2048^3 matmuls in that dtype (not a datasheet's number).
 - Peak memory in ``eval`` is ``nanoattn.eval.length.PeakMemory``: on a Linux CPU the process's
   resident high-water mark added during that length (allocator slack included), on CUDA the
   allocator's peak; the table gives it per scored token, which stays flat when memory is linear.
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import json
 import math
 import platform
@@ -57,7 +59,7 @@ SECTIONS: dict[str, Section] = {}
 
 EVAL_POSITIONS = ("sinusoidal", "rope", "alibi", "nope", "learned")
 EVAL_MULTIPLES = (1, 4, 16)
-PEAK_MATMUL = 2048  # n of the n x n x n matmul whose rate is the peak
+PEAK_MATMUL = 2048  # n of the n x n x n matmul whose rate is the peak (quick: half, 8x less work)
 TRAIN_DTYPES = ("float32", "bfloat16")
 
 
@@ -73,8 +75,10 @@ class BenchOptions:
     batch_size: int = 8
     seq_len: int = 256
     compile: bool = False  # train: also time torch.compile'd steps (tens of seconds to compile each)
-    ckpt: str | None = None  # decode: a checkpoint or run directory instead of a random llama-tiny
+    ckpt: str | None = None  # decode: a checkpoint or run directory instead of a random decode_model
+    decode_model: ModelConfig = dataclasses.field(default_factory=lambda: preset("llama-tiny"))
     run: str | None = None  # e2e: the run directory to compare with
+    e2e_seconds: float = 30.0  # e2e: time the bare step for at least this long
 
     def __post_init__(self) -> None:
         if isinstance(self.reps, bool) or not isinstance(self.reps, int) or self.reps < 1:
@@ -214,9 +218,9 @@ def _train_rows(opts: BenchOptions) -> list[Row]:
     return rows
 
 
-def _shape(cfg: ModelConfig, batch: int, seq_len: int) -> str:
-    return (f"d{cfg.d_model} L{cfg.n_layer} H{cfg.n_head}/{cfg.n_kv_head} ff{cfg.ffn_dim} "
-            f"V{cfg.vocab_size} B{batch} T{seq_len}")
+def _shape(cfg: ModelConfig, batch: int | None = None, seq_len: int | None = None) -> str:
+    text = f"d{cfg.d_model} L{cfg.n_layer} H{cfg.n_head}/{cfg.n_kv_head} ff{cfg.ffn_dim} V{cfg.vocab_size}"
+    return text if batch is None else f"{text} B{batch} T{seq_len}"
 
 
 @section("train")
@@ -229,11 +233,21 @@ def train_section(opts: BenchOptions, done: Mapping[str, list[Row]]) -> list[Row
 
 
 def matmul_peak(dtype: str, device: torch.device, reps: int, n: int = PEAK_MATMUL) -> float:
-    """FLOP/s of an n x n x n matmul in ``dtype``: the median rate after a warm-up."""
+    """FLOP/s of an n x n x n matmul in ``dtype``: the fastest of ``reps`` runs after a warm-up.
+
+    The fastest, not the median: a peak is what the machine can do, and other processes only
+    ever slow a run down.
+    """
     a, b = (torch.randn(n, n, device=device, dtype=getattr(torch, dtype),
                         generator=torch.Generator(device).manual_seed(i)) for i in (0, 1))
-    seconds = alternate({"mm": lambda: a @ b}, reps, device)["mm"]
-    return 2 * n**3 / seconds
+    seconds = []
+    for run in range(reps + 1):
+        start = time.perf_counter()
+        a @ b
+        _sync(device)
+        if run:
+            seconds.append(time.perf_counter() - start)
+    return 2 * n**3 / min(seconds)
 
 
 @section("mfu")
@@ -241,9 +255,9 @@ def mfu_section(opts: BenchOptions, done: Mapping[str, list[Row]]) -> list[Row]:
     """Model FLOPs utilisation of every train row against the measured matmul peak of its dtype."""
     device = torch.device(opts.device)
     train_rows = done.get("train") or _train_rows(opts)
-    peaks = {dtype: matmul_peak(dtype, device, opts.reps) for dtype in TRAIN_DTYPES}
-    rows = [dict(impl=f"matmul {PEAK_MATMUL}^3", dtype=dtype, gflop_per_s=peak / 1e9)
-            for dtype, peak in peaks.items()]
+    n = PEAK_MATMUL // 2 if opts.quick else PEAK_MATMUL
+    peaks = {dtype: matmul_peak(dtype, device, opts.reps, n) for dtype in TRAIN_DTYPES}
+    rows = [dict(impl=f"matmul {n}^3", dtype=dtype, gflop_per_s=peak / 1e9) for dtype, peak in peaks.items()]
     for row in train_rows:
         achieved = row["flops_per_token"] * row["tok_per_s"]
         rows.append(dict(impl=row["impl"], dtype=row["dtype"], gflop_per_s=achieved / 1e9,
@@ -273,10 +287,10 @@ def _sampled_rate(model: GPT, prompt: torch.Tensor, new_tokens: int, use_cache: 
     return prompt.shape[0] * new_tokens / seconds, cache_bytes
 
 
-def _greedy_rows(model: GPT, name: str, prompt_len: int, new_tokens: int, opts: BenchOptions) -> list[Row]:
-    """nanoattn.generate vs transformers' generate, greedy, on the same weights and prompts."""
+def _greedy_rows(model: GPT, twin, name: str, prompt_len: int, new_tokens: int,
+                 opts: BenchOptions) -> list[Row]:
+    """nanoattn.generate vs transformers' generate (``twin``), greedy, on the same weights and prompts."""
     device = model.tok_emb.weight.device
-    twin = _transformers_twin(model, device).eval()
     rows = []
     for batch in (1, 8):
         prompt = _random_tokens(model.cfg.vocab_size, (batch, prompt_len), device)
@@ -312,7 +326,7 @@ def decode_section(opts: BenchOptions, done: Mapping[str, list[Row]]) -> list[Ro
     else:
         torch.manual_seed(0)
         with device:
-            model, name = GPT(preset("llama-tiny")).eval(), "llama-tiny (random)"
+            model, name = GPT(opts.decode_model).eval(), f"{_shape(opts.decode_model)} (random)"
     cfg = model.cfg
     # The whole sequence fits max_seq_len, so every encoding (learned included) can decode it.
     total = min(cfg.max_seq_len, 64 if opts.quick else 256)
@@ -336,9 +350,11 @@ def decode_section(opts: BenchOptions, done: Mapping[str, list[Row]]) -> list[Ro
         rows.append(dict(model=f"same shape (random), n_kv_head={n_kv_head}", impl="nanoattn sampled",
                          layout=_layout(cfg.n_head, n_kv_head), batch=8, cache=True, prompt=prompt_len,
                          new=new_tokens, tok_per_s=rate, kv_cache_bytes=cache_bytes))
-    if cfg.pos in ("rope", "learned"):  # the encodings nanoattn.hf exports (Llama, GPT-2)
-        rows += _greedy_rows(model, name, prompt_len, new_tokens, opts)
-    return rows
+    try:
+        twin = _transformers_twin(model, device).eval()
+    except ValueError as e:  # no transformers counterpart (nanoattn.hf says why), or no transformers
+        return rows + [dict(model=name, impl=f"transformers comparison skipped: {e}")]
+    return rows + _greedy_rows(model, twin, name, prompt_len, new_tokens, opts)
 
 
 # ----------------------------------------------------------------------------- eval
@@ -347,32 +363,46 @@ def decode_section(opts: BenchOptions, done: Mapping[str, list[Row]]) -> list[Ro
 @section("eval")
 def eval_section(opts: BenchOptions, done: Mapping[str, list[Row]]) -> list[Row]:
     """Evaluation tokens/s and peak memory at 1x, 4x and 16x the training length, per encoding."""
-    from nanoattn.eval.length import evaluate_lengths
-
     device = torch.device(opts.device)
     train_len = 64 if opts.quick else opts.seq_len
     lengths = [m * train_len for m in EVAL_MULTIPLES]
     stream = _random_tokens(opts.model.vocab_size, (lengths[-1] + 1,), device)  # [16 L + 1]
+    # PeakMemory runs gc.collect() per length; frozen, the objects that exist now (transformers'
+    # thousands after the train section) are not walked again, which took 0.3 s a call here.
+    gc.freeze()
+    try:
+        return [row for pos in EVAL_POSITIONS for row in _eval_rows(pos, stream, lengths, opts)]
+    finally:
+        gc.unfreeze()
+
+
+def _eval_rows(pos: str, stream: torch.Tensor, lengths: list[int], opts: BenchOptions) -> list[Row]:
+    """Median tok/s and peak memory per length over the sweeps (one in quick mode, else ``reps``)."""
+    from nanoattn.eval.length import evaluate_lengths
+
+    train_len = lengths[0]
+    torch.manual_seed(0)
+    with stream.device:
+        model = GPT(dataclasses.replace(opts.model, pos=pos, max_seq_len=train_len, rope_scaling=None)).eval()
+    usable = lengths[:1] if pos == "learned" else lengths  # no positions past the learned table
+    with torch.no_grad(), _autocast(stream.device, opts.dtype):  # warm-up: rope tables, allocator
+        model.loss(stream[None, :train_len], stream[None, 1:train_len + 1])
+    sweeps = [evaluate_lengths(model, stream, usable, batch_size=1, dtype=opts.dtype).results
+              for _ in range(1 if opts.quick else opts.reps)]
     rows = []
-    for pos in EVAL_POSITIONS:
-        torch.manual_seed(0)
-        with device:
-            model = GPT(dataclasses.replace(opts.model, pos=pos, max_seq_len=train_len,
-                                            rope_scaling=None)).eval()
-        usable = lengths[:1] if pos == "learned" else lengths  # no positions past the learned table
-        evaluate_lengths(model, stream[:train_len + 1], usable[:1], batch_size=1, dtype=opts.dtype)  # warm-up
-        sweep = evaluate_lengths(model, stream, usable, batch_size=1, dtype=opts.dtype)
-        first = sweep.results[0]
-        for result in sweep.results:
-            if result.error is not None:
-                raise ValueError(f"eval at length {result.length} with pos={pos!r} failed: {result.error}")
-            peak = result.peak_memory_bytes
-            rows.append(dict(pos=pos, length=result.length, multiple=result.length // train_len,
-                             tok_per_s=result.tok_per_s,
-                             peak_mib=None if peak is None else peak / 2**20,
-                             bytes_per_token=None if peak is None else peak / result.length,
-                             memory_vs_1x=None if peak is None or not first.peak_memory_bytes
-                             else peak / first.peak_memory_bytes))
+    for results in zip(*sweeps, strict=True):
+        failed = next((r.error for r in results if r.error is not None), None)
+        if failed is not None:
+            raise ValueError(f"eval at length {results[0].length} with pos={pos!r} failed: {failed}")
+        peaks = [r.peak_memory_bytes for r in results]
+        peak = None if None in peaks else statistics.median(peaks)
+        rows.append(dict(pos=pos, length=results[0].length, multiple=results[0].length // train_len,
+                         tok_per_s=statistics.median(r.tok_per_s for r in results),
+                         peak_mib=None if peak is None else peak / 2**20,
+                         bytes_per_token=None if peak is None else peak / results[0].length))
+    first = rows[0]["peak_mib"]
+    for row in rows:  # linear memory: 4x and 16x at about 4 and 16 (quadratic would be 16 and 256)
+        row["memory_vs_1x"] = None if not first or row["peak_mib"] is None else row["peak_mib"] / first
     return rows
 
 
@@ -396,8 +426,12 @@ def read_run_rate(run: str | Path) -> tuple[RunConfig, float, int]:
     return cfg, statistics.median(rates[1:]), len(rates) - 1
 
 
-def step_rate(cfg: RunConfig, device: torch.device, reps: int) -> tuple[float, str]:
-    """(tokens/s of the training script's optimizer step for ``cfg`` without the script; autocast)."""
+def step_rate(cfg: RunConfig, device: torch.device, reps: int, seconds: float) -> tuple[float, str]:
+    """(tokens/s of the training script's optimizer step for ``cfg`` without the script; autocast).
+
+    Timed like the script's records: windows of ``train.log_interval`` steps, at least ``reps``
+    of them and at least ``seconds`` in all, after a warm-up window; the median window's rate.
+    """
     from nanoattn.train.loop import autocast_dtype
     from nanoattn.train.optim import make_optimizer
 
@@ -423,8 +457,18 @@ def step_rate(cfg: RunConfig, device: torch.device, reps: int) -> tuple[float, s
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    seconds = alternate({"step": step}, reps, device, warmup=2 if t.compile else 1)["step"]
-    return t.batch_size * t.grad_accum * cfg.seq_len / seconds, reason
+    def window() -> float:
+        start = time.perf_counter()
+        for _ in range(t.log_interval):
+            step()
+        _sync(device)
+        return time.perf_counter() - start
+
+    window()
+    windows = [window()]
+    while len(windows) < reps or sum(windows) < seconds:
+        windows.append(window())
+    return t.log_interval * t.batch_size * t.grad_accum * cfg.seq_len / statistics.median(windows), reason
 
 
 @section("e2e")
@@ -433,7 +477,7 @@ def e2e_section(opts: BenchOptions, done: Mapping[str, list[Row]]) -> list[Row]:
     if opts.run is None:
         return [dict(note="skipped: pass --run <run directory> (python scripts/train.py writes one)")]
     cfg, run_rate, windows = read_run_rate(opts.run)
-    rate, reason = step_rate(cfg, torch.device(opts.device), opts.reps)
+    rate, reason = step_rate(cfg, torch.device(opts.device), opts.reps, opts.e2e_seconds)
     m, t = cfg.model, cfg.train
     return [dict(run=str(opts.run), shape=_shape(m, t.batch_size * t.grad_accum, cfg.seq_len), dtype=reason,
                  compile=t.compile, windows=windows, script_tok_per_s=run_rate, step_tok_per_s=rate,

@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> None:
         opts = BenchOptions(quick=args.quick, reps=args.reps or (3 if args.quick else 5), device=args.device,
                             dtype=args.dtype, model=preset(args.model, max_seq_len=args.seq_len),
                             batch_size=args.batch_size, seq_len=args.seq_len, compile=args.compile,
-                            ckpt=args.ckpt, run=args.run)
+                            ckpt=args.ckpt, run=args.run, e2e_seconds=10.0 if args.quick else 30.0)
         results = run_sections(args.only or SECTIONS, opts, on_done=report)
     except ValueError as e:  # CheckpointError is a ValueError
         sys.exit(f"error: {e}")

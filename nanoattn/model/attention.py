@@ -9,7 +9,8 @@ Design:
   it uses ``is_causal`` (flash / memory-efficient kernels, memory linear in T).
 - An additive bias (ALiBi) or a cached prefix needs an explicit mask. Queries are then
   processed in chunks, so the largest bias ever built is [n_head, chunk, T_k], never
-  [n_head, T, T] for long inputs.
+  [n_head, T, T] for long inputs; each chunk attends only to the keys up to its last query,
+  which halves the work of a long causal input.
 - The slow path (``return_weights=True``) computes softmax(QK^T/sqrt(d) + bias) explicitly and
   returns the weights for analysis; tests check it equals the fast path.
 - The positional encoding is asked for what it does (``rotate``, ``bias``); this module never
@@ -96,8 +97,12 @@ class Attention(nn.Module):
         chunk = max(1, MASK_CHUNK_ELEMENTS // (B * H * Tk))
         outputs = []
         for start in range(0, Tq, chunk):
-            mask = self._mask(q_positions[start:start + chunk], k_positions, pos, q.dtype)
-            outputs.append(F.scaled_dot_product_attention(q[:, :, start:start + chunk], k, v,
+            stop = min(start + chunk, Tq)
+            # Queries and keys end at the same (newest) position, so this chunk's queries see only
+            # the first Tk - Tq + stop keys: the later ones, fully masked, are never computed.
+            keys = Tk - Tq + stop
+            mask = self._mask(q_positions[start:stop], k_positions[:keys], pos, q.dtype)
+            outputs.append(F.scaled_dot_product_attention(q[:, :, start:stop], k[:, :, :keys], v[:, :, :keys],
                                                           attn_mask=mask, **options))
         return torch.cat(outputs, dim=2)
 

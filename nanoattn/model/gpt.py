@@ -20,6 +20,9 @@ from nanoattn.model.cache import KVCache
 from nanoattn.model.layers import dropout, make_mlp, make_norm
 from nanoattn.model.positional import build_positional
 
+# Largest float32 logits block [rows, vocab_size] that GPT.loss builds at once without autograd.
+LOSS_CHUNK_ELEMENTS = 1 << 22
+
 
 class Block(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
@@ -100,11 +103,24 @@ class GPT(nn.Module):
 
     def loss(self, idx: torch.Tensor, targets: torch.Tensor, *, reduction: str = "mean",
              head_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Next-token cross-entropy in nats; reduction 'none' gives the per-token loss [B, T]."""
+        """Next-token cross-entropy in nats (mean, sum, or 'none': the per-token loss [B, T]).
+
+        Without autograd (evaluation) the logits are built LOSS_CHUNK_ELEMENTS at a time, so a long
+        input never holds [B, T, V] float32 logits; with autograd the backward pass needs them all.
+        """
+        if reduction not in ("mean", "sum", "none"):
+            raise ValueError(f"reduction={reduction!r} is invalid: allowed: mean | sum | none")
         hidden, _ = self.hidden_states(idx, head_mask=head_mask)
-        logits = self.lm_head(hidden).float()  # [B, T, V]
-        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), reduction=reduction)
-        return loss.view(targets.shape) if reduction == "none" else loss
+        hidden, flat_targets = hidden.flatten(0, 1), targets.reshape(-1)  # [B * T, d_model], [B * T]
+        rows = hidden.shape[0]
+        if not torch.is_grad_enabled():
+            rows = max(1, LOSS_CHUNK_ELEMENTS // self.cfg.vocab_size)
+        # Each chunk: logits [rows, V] in float32, then its per-token losses [rows].
+        per_token = torch.cat([F.cross_entropy(self.lm_head(h).float(), t, reduction="none")
+                               for h, t in zip(hidden.split(rows), flat_targets.split(rows), strict=True)])
+        if reduction == "none":
+            return per_token.view(targets.shape)
+        return per_token.sum() if reduction == "sum" else per_token.mean()
 
     def attention_maps(self, idx: torch.Tensor, *, head_mask: torch.Tensor | None = None):
         """(logits [B, T, V], list of attention weights [B, n_head, T, T] per layer), slow path."""
