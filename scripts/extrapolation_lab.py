@@ -23,7 +23,7 @@ def main() -> None:
     parser.add_argument("--runs-root", default=None,
                         help="where the runs are (default: runs/extrapolation, or runs/passkey)")
     parser.add_argument("--out-dir", default="docs", help="figure and table (default: %(default)s)")
-    parser.add_argument("--max-tokens", type=int, default=16384, help="targets per length")
+    parser.add_argument("--max-tokens", type=int, default=32768, help="targets per length")
     parser.add_argument("--samples", type=int, default=20, help="passkey keys per cell")
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16")

@@ -122,7 +122,7 @@ def write_table(path: str | Path, table: str, name: str = "extrapolation-table")
 def extrapolation_lab(runs_root: str | Path = "runs/extrapolation", out_dir: str | Path = "docs", *,
                       encodings: Sequence[str] = LAB_ENCODINGS,
                       scalings: Sequence[Mapping[str, Any]] = LAB_SCALINGS,
-                      multiples: Sequence[float] = DEFAULT_MULTIPLES, max_tokens: int = 16384,
+                      multiples: Sequence[float] = DEFAULT_MULTIPLES, max_tokens: int = 32768,
                       batch_size: int = 4, dtype: str = "float32", device: str = "cpu",
                       log=print) -> str:
     """Evaluate ``<runs_root>/<pos>`` for each encoding (and RoPE under each scaling); write the comparison.

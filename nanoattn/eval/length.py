@@ -372,16 +372,16 @@ def _number_text(value: Any) -> str:
 
 
 def plot_length_curves(reports: Sequence[Mapping[str, Any]], labels: Sequence[str], path: str | Path) -> Path:
-    """Perplexity vs length (log-log, training length marked) and the longest length's loss by position."""
+    """Perplexity vs length (log x, training length marked) and the longest length's loss by position."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from cycler import cycler
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
-    # Ten colours, solid then dashed: the lab draws eleven curves.
-    styles = cycler(linestyle=["-", "--"]) * cycler(color=plt.get_cmap("tab10").colors)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.5))
+    # Eleven distinct colours (the lab draws eleven curves), then the same dashed.
+    styles = cycler(linestyle=["-", "--"]) * cycler(color=[*plt.get_cmap("tab10").colors, "black"])
     for axis in (left, right):
         axis.set_prop_cycle(styles)
     for report, label in zip(reports, labels, strict=True):
@@ -411,8 +411,8 @@ def plot_length_curves(reports: Sequence[Mapping[str, Any]], labels: Sequence[st
               title=f"loss by position, longest length ({longest} tokens)")
     for axis in (left, right):
         axis.grid(True, which="both", alpha=0.3)
-    left.legend(fontsize=8)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 0.86, 1))
+    fig.legend(*left.get_legend_handles_labels(), loc="center right", fontsize=8)
     path = Path(path)
     fig.savefig(path, dpi=120)
     plt.close(fig)
