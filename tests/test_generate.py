@@ -22,6 +22,7 @@ from nanoattn.generate import (
     TextStream,
     apply_repetition_penalty,
     min_p_filter,
+    sample_categorical,
     sample_text,
     top_k_filter,
     top_p_filter,
@@ -268,6 +269,20 @@ def test_sampling_never_leaves_the_filtered_set(option):
     for token in decoding:
         allowed = reference(decoding.last_logits, value).isfinite()  # [B, V]
         assert allowed.gather(-1, token[:, None]).all()
+
+
+def test_categorical_sampling_draws_each_token_with_its_probability(monkeypatch):
+    probs = torch.tensor([[0.1, 0.2, 0.0, 0.7, 0.0], [0.0, 0.0, 0.0, 0.0, 1.0], [0.5, 0.0, 0.5, 0.0, 0.0]])
+    generator = torch.Generator().manual_seed(0)
+    n = 40_000
+    draws = torch.stack([sample_categorical(probs, generator) for _ in range(n)])  # [n, 3]
+    frequencies = torch.stack([torch.bincount(draws[:, row], minlength=5) for row in range(3)]).double() / n
+    # 4 standard errors of a frequency near 0.5 over 40,000 draws: 0.01; zero mass is never drawn.
+    torch.testing.assert_close(frequencies, probs.double(), atol=0.01, rtol=0)
+    assert torch.all(frequencies[probs == 0] == 0)
+    # A draw that rounds onto the top of the CDF lands on the last token with mass, not a trailing zero.
+    monkeypatch.setattr(torch, "rand", lambda *shape, **options: torch.ones(*shape, dtype=torch.float64))
+    assert sample_categorical(probs).tolist() == [3, 4, 2]
 
 
 def test_seeded_sampling_reproduces_and_seeds_differ():
