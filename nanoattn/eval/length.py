@@ -255,6 +255,22 @@ def _synchronize(device: torch.device) -> None:
 # ----------------------------------------------------------------------------- from a checkpoint
 
 
+def load_for_eval(ckpt: str | Path, rope_scaling: Mapping[str, Any] | None, device: str,
+                  data_dir: str | Path | None):
+    """(the checkpoint, with ``rope_scaling`` applied zero-shot; its data: ``data_dir`` or the run's).
+
+    Refuses data whose tokenizer is not the checkpoint's: its ids would mean other tokens.
+    """
+    rope_scaling = None if rope_scaling is None else dict(rope_scaling)
+    checkpoint = load_checkpoint(ckpt, rope_scaling=rope_scaling, device=device)
+    data_dir = Path(data_dir) if data_dir is not None else default_data_dir(checkpoint.path)
+    data = TokenData(data_dir)
+    if checkpoint.tokenizer is not None and checkpoint.tokenizer.to_str() != data.tokenizer.to_str():
+        raise ValueError(f"data_dir={str(data_dir)!r} uses another tokenizer than checkpoint "
+                         f"{checkpoint.path}; pass the data_dir the model was trained on")
+    return checkpoint, data
+
+
 def run_length_eval(
     ckpt: str | Path,
     *,
@@ -279,13 +295,7 @@ def run_length_eval(
     ``default_output``). Returns the report.
     """
     _check_positive_int("length_eval", "max_tokens", max_tokens)
-    rope_scaling = None if rope_scaling is None else dict(rope_scaling)
-    checkpoint = load_checkpoint(ckpt, rope_scaling=rope_scaling, device=device)
-    data_dir = Path(data_dir) if data_dir is not None else default_data_dir(checkpoint.path)
-    data = TokenData(data_dir)
-    if checkpoint.tokenizer is not None and checkpoint.tokenizer.to_str() != data.tokenizer.to_str():
-        raise ValueError(f"data_dir={str(data_dir)!r} uses another tokenizer than checkpoint "
-                         f"{checkpoint.path}; pass the data_dir the model was trained on")
+    checkpoint, data = load_for_eval(ckpt, rope_scaling, device, data_dir)
     val = data.tokens("val")
     stream = torch.from_numpy(val[:min(max_tokens, val.size - 1) + 1].astype("int64"))  # [n + 1]
     if lengths is None:

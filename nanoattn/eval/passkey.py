@@ -22,8 +22,12 @@ Design choices:
   each training batch's rows with passkey samples at the training length (filler from the train
   split, uniform depth, random key), a pure function of (seed, step, micro_step, rank) like the
   batches it wraps, so resumption stays exact. The trainer uses it when ``train.passkey_fraction``
-  is above 0; validation batches stay plain text. The loss is the ordinary next-token loss on the
-  whole sample.
+  is above 0; validation batches stay plain text. A passkey row's targets are the key's tokens
+  only (the rest are ``IGNORE_INDEX``), as supervised fine-tuning scores only the answer: with
+  the whole sample's next-token loss the 6 key tokens among 128 drowned in filler, and the
+  lab's RoPE model stayed exactly at chance (ln 10 nats per digit) after 1,000 steps of
+  passkey-only batches; scoring the key alone, the recipe (configs/experiment/passkey.yaml)
+  reaches exact match 1.00 at the training length in 1,200 steps.
 """
 
 from __future__ import annotations
@@ -45,12 +49,12 @@ from nanoattn.eval.length import (
     DEFAULT_MULTIPLES,
     _autocast,
     check_lengths,
-    default_data_dir,
     default_output,
     lengths_from_multiples,
+    load_for_eval,
     report_label,
 )
-from nanoattn.train.checkpoint import load_checkpoint
+from nanoattn.model import IGNORE_INDEX
 
 REPORT_STEM = "passkey"  # <run dir>/passkey[_<scaling>][_step<N>].json
 KEY_DIGITS = 5
@@ -167,10 +171,7 @@ def run_passkey_eval(
     Filler comes from the held-out split of ``data_dir`` (default: the run's data). ``out=None``
     writes ``<run dir>/passkey[_<scaling>][_step<N>].json``. Returns the report.
     """
-    rope_scaling = None if rope_scaling is None else dict(rope_scaling)
-    checkpoint = load_checkpoint(ckpt, rope_scaling=rope_scaling, device=device)
-    data_dir = Path(data_dir) if data_dir is not None else default_data_dir(checkpoint.path)
-    data = TokenData(data_dir)
+    checkpoint, data = load_for_eval(ckpt, rope_scaling, device, data_dir)
     if lengths is None:
         lengths = lengths_from_multiples(checkpoint.train_seq_len, multiples)
     began = time.perf_counter()
@@ -216,7 +217,8 @@ def plot_passkey(reports: Sequence[Mapping[str, Any]], labels: Sequence[str], pa
 
     columns = min(len(reports), 3)
     rows = math.ceil(len(reports) / columns)
-    fig, axes = plt.subplots(rows, columns, figsize=(4.6 * columns, 3.6 * rows), squeeze=False)
+    fig, axes = plt.subplots(rows, columns, figsize=(4.6 * columns, 3.8 * rows), squeeze=False,
+                             layout="constrained")  # titles and tick labels of neighbours never overlap
     for axis in axes.flat[len(reports):]:
         axis.set_visible(False)
     for axis, report, label in zip(axes.flat, reports, labels, strict=False):
@@ -236,7 +238,7 @@ def plot_passkey(reports: Sequence[Mapping[str, Any]], labels: Sequence[str], pa
         axis.set_yticks(range(len(depths)), [f"{d:g}" for d in depths])
         axis.set(xlabel="context length (tokens)", ylabel="key depth",
                  title=f"{label} (trained at {report['train_seq_len']})")
-    fig.colorbar(image, ax=axes, shrink=0.8, label="exact-match accuracy")
+    fig.colorbar(image, ax=axes, shrink=0.6, label="exact-match accuracy")
     path = Path(path)
     fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
@@ -295,7 +297,10 @@ class PasskeyMix:
 
     def train_batch(self, step: int, *, batch_size: int, seq_len: int, seed: int, micro_step: int = 0,
                     rank: int = 0, world_size: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
-        """The wrapped batch (x, y) [B, T], its first round(fraction * B) rows replaced by passkey samples."""
+        """The wrapped batch (x, y) [B, T], its first round(fraction * B) rows replaced by passkey samples.
+
+        A passkey row's targets are ``IGNORE_INDEX`` except the key's tokens at its end.
+        """
         x, y = self.data.train_batch(step, batch_size=batch_size, seq_len=seq_len, seed=seed,
                                      micro_step=micro_step, rank=rank, world_size=world_size)
         n = round(self.fraction * batch_size)
@@ -306,7 +311,8 @@ class PasskeyMix:
         x, y = x.clone(), y.clone()
         for row in range(n):
             start = int(rng.integers(0, tokens.size - seq_len))
-            ids, _ = self.template.sample(tokens[start:start + seq_len + 1], seq_len, float(rng.random()),
-                                          random_key(rng))
+            ids, key_tokens = self.template.sample(tokens[start:start + seq_len + 1], seq_len,
+                                                   float(rng.random()), random_key(rng))
             x[row], y[row] = ids[:-1], ids[1:]
+            y[row, :-key_tokens] = IGNORE_INDEX
         return x, y

@@ -22,6 +22,8 @@ from nanoattn.model.positional import build_positional
 
 # Largest float32 logits block [rows, vocab_size] that GPT.loss builds at once without autograd.
 LOSS_CHUNK_ELEMENTS = 1 << 22
+# A target that GPT.loss skips (F.cross_entropy's default): no loss, no gradient, not counted.
+IGNORE_INDEX = -100
 
 
 class Block(nn.Module):
@@ -105,8 +107,10 @@ class GPT(nn.Module):
              head_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Next-token cross-entropy in nats (mean, sum, or 'none': the per-token loss [B, T]).
 
-        Without autograd (evaluation) the logits are built LOSS_CHUNK_ELEMENTS at a time, so a long
-        input never holds [B, T, V] float32 logits; with autograd the backward pass needs them all.
+        Targets equal to ``IGNORE_INDEX`` are skipped: their loss is 0 and the mean is over the
+        other targets (the passkey recipe scores only the key). Without autograd (evaluation) the
+        logits are built LOSS_CHUNK_ELEMENTS at a time, so a long input never holds [B, T, V]
+        float32 logits; with autograd the backward pass needs them all.
         """
         if reduction not in ("mean", "sum", "none"):
             raise ValueError(f"reduction={reduction!r} is invalid: allowed: mean | sum | none")
@@ -120,7 +124,9 @@ class GPT(nn.Module):
                                for h, t in zip(hidden.split(rows), flat_targets.split(rows), strict=True)])
         if reduction == "none":
             return per_token.view(targets.shape)
-        return per_token.sum() if reduction == "sum" else per_token.mean()
+        if reduction == "sum":
+            return per_token.sum()
+        return per_token.sum() / (flat_targets != IGNORE_INDEX).sum().clamp(min=1)
 
     def attention_maps(self, idx: torch.Tensor, *, head_mask: torch.Tensor | None = None):
         """(logits [B, T, V], list of attention weights [B, n_head, T, T] per layer), slow path."""

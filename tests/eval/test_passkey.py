@@ -18,6 +18,7 @@ from nanoattn.config import DataConfig
 from nanoattn.data import TokenData, ensure_prepared, load_tokenizer
 from nanoattn.eval import PasskeyMix, evaluate_passkey, passkey_table, run_passkey_eval
 from nanoattn.eval.passkey import PasskeyTemplate, score_passkey
+from nanoattn.model import IGNORE_INDEX
 from nanoattn.train import train
 from nanoattn.train.checkpoint import save_checkpoint
 
@@ -109,10 +110,16 @@ def test_the_mix_is_deterministic_and_replaces_its_share_of_rows(prepared):
     again_x, _ = mix.train_batch(7, batch_size=4, seq_len=128, seed=3)
     assert torch.equal(x, again_x) and x.shape == y.shape == (4, 128)
     assert torch.equal(x[2:], plain_x[2:]) and torch.equal(y[2:], plain_y[2:])
-    assert torch.equal(x[:2, 1:], y[:2, :-1])
+    template = PasskeyTemplate(data.tokenizer)
     for row in range(2):
         text = data.tokenizer.decode(torch.cat([x[row], y[row, -1:]]).tolist())
-        assert "The pass key is" in text and text.rsplit("The pass key is", 1)[1].strip().isdigit()
+        stated, asked = text.split("The pass key is")[1:]
+        key = asked.strip()
+        assert key.isdigit() and stated.startswith(f" {key}. Remember it.")
+        # Only the key is scored: its tokens are the row's last targets, every other one is ignored.
+        k = len(template.key_ids(key))
+        assert torch.equal(y[row, -k:], x[row, 1 - k:].new_tensor(template.key_ids(key)))
+        assert torch.all(y[row, :-k] == IGNORE_INDEX) and torch.equal(x[row, 1 - k:], y[row, -k:-1])
     assert mix.vocab_size == data.vocab_size and len(mix.val_batches(1, batch_size=2, seq_len=16)) == 1
     with pytest.raises(ValueError, match="passkey_fraction=0"):
         PasskeyMix(data, 0)

@@ -1,4 +1,4 @@
-"""GPT.loss: the chunked evaluation path equals the plain cross-entropy of the full logits."""
+"""GPT.loss: the chunked evaluation path equals the full logits' cross-entropy; ignored targets."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import torch.nn.functional as F
 
 import nanoattn.model.gpt as gpt_module
 from nanoattn import GPT, ModelConfig
+from nanoattn.model import IGNORE_INDEX
 
 VOCAB = 50
 
@@ -50,6 +51,29 @@ def test_loss_gradient_equals_the_plain_cross_entropy_gradient():
     F.cross_entropy(model(idx).view(-1, VOCAB), targets.view(-1)).backward()
     for mine, theirs in zip(ours, (p.grad for p in model.parameters()), strict=True):
         torch.testing.assert_close(mine, theirs, atol=1e-6, rtol=1e-5)
+
+
+def test_ignored_targets_add_no_loss_and_no_gradient_and_leave_the_mean_of_the_rest():
+    model = tiny()
+    idx, targets = torch.randint(0, VOCAB, (2, 16)), torch.randint(0, VOCAB, (2, 16))
+    kept = torch.zeros(2, 16, dtype=torch.bool)
+    kept[0, -3:], kept[1, 5] = True, True  # 4 scored targets out of 32
+    masked = targets.masked_fill(~kept, IGNORE_INDEX)
+
+    per_token = model.loss(idx, masked, reduction="none")
+    assert torch.all(per_token[~kept] == 0)
+    full = model.loss(idx, targets, reduction="none")
+    torch.testing.assert_close(per_token[kept], full[kept])
+    torch.testing.assert_close(model.loss(idx, masked, reduction="sum"), full[kept].sum())
+
+    model.loss(idx, masked).backward()  # the mean over the 4 scored targets, not over all 32
+    ours = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    F.cross_entropy(model(idx)[kept], targets[kept]).backward()
+    for mine, theirs in zip(ours, (p.grad for p in model.parameters()), strict=True):
+        torch.testing.assert_close(mine, theirs, atol=1e-6, rtol=1e-5)
+    everything_ignored = torch.full_like(targets, IGNORE_INDEX)
+    assert model.loss(idx, everything_ignored).item() == 0.0
 
 
 def test_unknown_reduction_is_a_one_line_error():
