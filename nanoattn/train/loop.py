@@ -81,7 +81,11 @@ def train(cfg: RunConfig | dict[str, Any]) -> Path:
     if device.type == "cuda":
         device = torch.device("cuda", dist.local_rank)
     try:
-        return _Run(cfg, device, dist).run()
+        run_dir = _Run(cfg, device, dist).run()
+        # Every rank finished before any tears the group down: a gloo peer that is still inside
+        # the group when the other destroys it can abort at exit (seen once in CI: SIGABRT).
+        distributed.barrier(dist)
+        return run_dir
     finally:
         distributed.shutdown(dist)
 
