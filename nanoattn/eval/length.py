@@ -257,7 +257,7 @@ def _synchronize(device: torch.device) -> None:
 
 def load_for_eval(ckpt: str | Path, rope_scaling: Mapping[str, Any] | None, device: str,
                   data_dir: str | Path | None):
-    """(the checkpoint, with ``rope_scaling`` applied zero-shot; its data: ``data_dir`` or the run's).
+    """(checkpoint with ``rope_scaling`` applied zero-shot, TokenData of ``data_dir`` or else the run's).
 
     Refuses data whose tokenizer is not the checkpoint's: its ids would mean other tokens.
     """
