@@ -165,3 +165,17 @@ def test_the_report_and_the_script(prepared, tmp_path):
     assert done.returncode == 0, done.stderr
     assert (run / "passkey_linear2.json").exists() and "| depth | 96 |" in done.stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == ["rope_run"]
+
+
+def test_filler_from_data_of_another_tokenizer_is_refused(prepared, tmp_path):
+    """Its ids would mean other tokens: the key and the filler would be garbage, silently."""
+    from tokenizers import Tokenizer, models
+
+    other = tmp_path / "other_tokenizer.json"
+    Tokenizer(models.WordLevel({"[UNK]": 0, "a": 1}, unk_token="[UNK]")).save(str(other))
+    model = GPT(ModelConfig(vocab_size=TokenData(prepared).vocab_size, d_model=32, n_layer=2, n_head=4,
+                            d_ff=64, max_seq_len=96))
+    save_checkpoint(tmp_path / "run" / "checkpoints", "1", model, train_seq_len=96, step=1,
+                    tokenizer_file=other)
+    with pytest.raises(ValueError, match="uses another tokenizer than checkpoint"):
+        run_passkey_eval(tmp_path / "run", lengths=[96], samples=1, data_dir=prepared)
