@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
+from pickle import UnpicklingError  # only the error torch.load(weights_only=True) raises on a refusal
 from typing import Any, NamedTuple
 
 import torch
@@ -263,7 +263,7 @@ def load_trainer_state(path: str | Path) -> dict[str, Any]:
         raise CheckpointError(f"{file} is missing: this checkpoint cannot resume training")
     try:
         return torch.load(file, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as e:
+    except UnpicklingError as e:
         raise CheckpointError(f"{file} was refused: it holds objects beyond tensors and plain "
                               f"containers ({str(e).splitlines()[0][:120]})") from None
     except (RuntimeError, OSError, EOFError) as e:
