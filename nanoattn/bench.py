@@ -48,10 +48,10 @@ from typing import Any
 import torch
 import yaml
 
+from nanoattn.checkpoint import load_checkpoint
 from nanoattn.config import ModelConfig, RunConfig, preset
 from nanoattn.generate import Decoding, generate
 from nanoattn.model import GPT
-from nanoattn.train.checkpoint import load_checkpoint
 
 Row = dict[str, Any]
 Section = Callable[["BenchOptions", Mapping[str, list[Row]]], list[Row]]

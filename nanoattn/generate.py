@@ -45,9 +45,9 @@ from typing import Any, NamedTuple, TextIO
 
 import torch
 
-from nanoattn.config import _check_choice, _check_positive_int, _fail, from_dict
+from nanoattn.checkpoint import load_checkpoint
 from nanoattn.model import GPT, KVCache
-from nanoattn.train.checkpoint import load_checkpoint
+from nanoattn.validation import check_choice, check_positive_int, fail, from_dict
 
 OWNER = "generate"
 
@@ -161,22 +161,22 @@ class Decoding:
                  generator: torch.Generator | None = None) -> None:
         cfg = model.cfg
         if not isinstance(idx, torch.Tensor) or idx.dim() != 2 or idx.dtype != torch.long or idx.numel() == 0:
-            _fail(OWNER, "idx", getattr(idx, "shape", idx), "must be a non-empty int64 tensor [B, T]")
+            fail(OWNER, "idx", getattr(idx, "shape", idx), "must be a non-empty int64 tensor [B, T]")
         if int(idx.min()) < 0 or int(idx.max()) >= cfg.vocab_size:
-            _fail(OWNER, "idx", (int(idx.min()), int(idx.max())), f"ids must lie in [0, {cfg.vocab_size})")
+            fail(OWNER, "idx", (int(idx.min()), int(idx.max())), f"ids must lie in [0, {cfg.vocab_size})")
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-            _fail(OWNER, "max_new_tokens", max_new_tokens, "must be a non-negative integer")
+            fail(OWNER, "max_new_tokens", max_new_tokens, "must be a non-negative integer")
         if not (_is_real(temperature) and temperature >= 0):
-            _fail(OWNER, "temperature", temperature, "must be a number >= 0 (0 is greedy)")
+            fail(OWNER, "temperature", temperature, "must be a number >= 0 (0 is greedy)")
         if not (_is_real(repetition_penalty) and repetition_penalty > 0):
-            _fail(OWNER, "repetition_penalty", repetition_penalty, "must be a number > 0 (1 is none)")
+            fail(OWNER, "repetition_penalty", repetition_penalty, "must be a number > 0 (1 is none)")
         values = {"top_k": top_k, "top_p": top_p, "min_p": min_p}
         for name, value in values.items():
             if value is not None and not LOGIT_FILTERS[name].valid(value):
-                _fail(OWNER, name, value, LOGIT_FILTERS[name].allowed)
+                fail(OWNER, name, value, LOGIT_FILTERS[name].allowed)
         stops = sorted(set(stop_tokens or ()))
         if any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < cfg.vocab_size for t in stops):
-            _fail(OWNER, "stop_tokens", stops, f"must be token ids in [0, {cfg.vocab_size})")
+            fail(OWNER, "stop_tokens", stops, f"must be token ids in [0, {cfg.vocab_size})")
 
         B, T = idx.shape
         self.end = T + max_new_tokens
@@ -379,24 +379,24 @@ class SampleConfig:
     def __post_init__(self) -> None:
         own = "sample"
         if not isinstance(self.ckpt, (str, Path)) or not str(self.ckpt):
-            _fail(own, "ckpt", self.ckpt, "pass ckpt=<checkpoint or run directory>")
+            fail(own, "ckpt", self.ckpt, "pass ckpt=<checkpoint or run directory>")
         if self.prompt is not None and self.prompt_file is not None:
-            _fail(own, "prompt_file", self.prompt_file, "give prompt= or prompt_file=, not both")
+            fail(own, "prompt_file", self.prompt_file, "give prompt= or prompt_file=, not both")
         for name in ("max_new_tokens", "num_samples"):
-            _check_positive_int(own, name, getattr(self, name))
+            check_positive_int(own, name, getattr(self, name))
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         if not isinstance(self.stop, (list, tuple)) or not all(isinstance(s, str) and s for s in self.stop):
-            _fail(own, "stop", self.stop, "must be a list of non-empty strings")
+            fail(own, "stop", self.stop, "must be a list of non-empty strings")
         self.stop = [unescape(s) for s in self.stop]
         if self.prompt is not None:
             self.prompt = unescape(str(self.prompt))
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
-            _fail(own, "seed", self.seed, "must be an integer")
-        _check_choice(own, "device", self.device, DEVICES)
-        _check_choice(own, "dtype", self.dtype, DTYPES)
+            fail(own, "seed", self.seed, "must be an integer")
+        check_choice(own, "device", self.device, DEVICES)
+        check_choice(own, "dtype", self.dtype, DTYPES)
         if self.rope_scaling is not None and not isinstance(self.rope_scaling, Mapping):
-            _fail(own, "rope_scaling", self.rope_scaling, "must be a mapping such as {type: yarn, factor: 4}")
+            fail(own, "rope_scaling", self.rope_scaling, "must be a mapping such as {type: yarn, factor: 4}")
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> SampleConfig:
@@ -407,9 +407,9 @@ def _resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name == "cuda" and not torch.cuda.is_available():
-        _fail("sample", "device", name, "no CUDA device is available; use device=cpu or auto")
+        fail("sample", "device", name, "no CUDA device is available; use device=cpu or auto")
     if name == "mps" and not torch.backends.mps.is_available():
-        _fail("sample", "device", name, "no MPS device is available; use device=cpu or auto")
+        fail("sample", "device", name, "no MPS device is available; use device=cpu or auto")
     return torch.device(name)
 
 

@@ -41,9 +41,9 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer
 
+from nanoattn.checkpoint import load_checkpoint
 from nanoattn.config import ModelConfig
 from nanoattn.model import GPT
-from nanoattn.train.checkpoint import load_checkpoint
 
 # transformers' RoPE types that nanoattn computes identically (see rope_scaling.py).
 HF_ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3")

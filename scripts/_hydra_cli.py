@@ -1,13 +1,16 @@
-"""What the Hydra entry points share: dataclass schemas in the ConfigStore, and one-line errors.
+"""What every Hydra entry point shares: dataclass schemas, the model presets, one error handler.
 
 - ``register_schema`` stores a dataclass's fields with their *declared* defaults (nested
   dataclasses recursively) as a plain config node. Hydra then knows every key, so a misspelt
   key fails at composition, and ``--cfg job`` lists them all. Declared defaults, not an instance's:
   ``__post_init__`` fills derived values (``n_kv_head = n_head``, ``min_lr = lr / 10``) that
-  must stay derived when other keys are overridden. Values are validated by the dataclasses
-  themselves when the script builds them (``RunConfig.from_dict``), each in a one-line error.
-- ``run_cli`` runs a ``@hydra.main`` function and turns Hydra's composition errors (an unknown
-  key, an unknown group option) into one ``error: ...`` line instead of Hydra's multi-line report.
+  must stay derived when other keys are overridden. The dataclass validates the values when the
+  script builds it, each mistake in a one-line error. The YAML files state no default again.
+- ``nanoattn.config.PRESETS`` are registered as the ``model`` group, so ``model=llama-tiny``
+  reads the one definition of each preset.
+- ``command`` is a whole script: compose ``configs/<name>.yaml``, build its schema, call the
+  library. ``guarded`` is the one error handler: a user's mistake (a bad value, a missing file,
+  a Hydra composition error, Ctrl-C) ends in one ``error: ...`` line and a non-zero exit.
 """
 
 from __future__ import annotations
@@ -18,9 +21,24 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+import hydra
 from hydra.core.config_store import ConfigStore
 from hydra.errors import HydraException
-from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import (
+    ConfigAttributeError,
+    ConfigKeyError,
+    MissingMandatoryValue,
+    OmegaConfBaseException,
+)
+
+from nanoattn.config import PRESETS
+from nanoattn.validation import from_dict
+
+CONFIG_PATH = "../configs"
+# Mappings whose keys depend on a choice (each RoPE scaling type has its own parameters), so
+# they are null in the configs; ``rope_scaling.type=yarn`` then means ``+rope_scaling.type=yarn``.
+OPEN_MAPPINGS = ("rope_scaling.",)
 
 
 def declared_defaults(cls: type) -> dict[str, Any]:
@@ -39,10 +57,16 @@ def declared_defaults(cls: type) -> dict[str, Any]:
 _SCHEMAS: list[dict[str, Any]] = []  # what register_schema stored, to name the allowed keys in errors
 
 
-def register_schema(name: str, cls: type) -> None:
-    node = declared_defaults(cls)
+def register_schema(name: str, node: type | dict[str, Any]) -> None:
+    """Store a dataclass's declared defaults (or a ready node) as config ``name``."""
+    node = declared_defaults(node) if dataclasses.is_dataclass(node) else node
     _SCHEMAS.append(node)
     ConfigStore.instance().store(name=name, node=node)
+
+
+def register_presets() -> None:
+    for name, fields in PRESETS.items():
+        ConfigStore.instance().store(group="model", name=name, node=dict(fields))
 
 
 def _siblings(full_key: str) -> list[str]:
@@ -58,7 +82,9 @@ def _siblings(full_key: str) -> list[str]:
 
 def one_line(error: BaseException) -> str:
     """Hydra's and OmegaConf's multi-line messages, folded into one line."""
-    cause = error.__cause__
+    cause = error.__cause__ or error
+    if isinstance(cause, MissingMandatoryValue):
+        return f"{cause.full_key} is required, e.g. {cause.full_key}=runs/<run>"
     if isinstance(cause, (ConfigAttributeError, ConfigKeyError)) and "not in struct" in str(cause):
         allowed = _siblings(cause.full_key)
         return (f"unknown key {cause.full_key!r}; allowed: {', '.join(allowed)}" if allowed
@@ -73,16 +99,43 @@ def one_line(error: BaseException) -> str:
     return " ".join(ln if ln.endswith((".", ":")) else ln + "." for ln in lines)
 
 
-# Mappings whose keys depend on a choice (each RoPE scaling type has its own parameters), so
-# they are null in the configs; ``rope_scaling.type=yarn`` then means ``+rope_scaling.type=yarn``.
-OPEN_MAPPINGS = ("rope_scaling.",)
+def is_main_rank() -> bool:
+    """Under torchrun only rank 0 speaks; the others exit with status 1 and say nothing."""
+    return os.environ.get("RANK", "0") == "0"
 
 
-def run_cli(main: Callable[[], Any]) -> None:
-    """Call a ``@hydra.main`` function; a composition error exits with one ``error:`` line."""
+def guarded(main: Callable[[], Any], errors: tuple[type[BaseException], ...] = ()) -> None:
+    """Call ``main`` (a ``@hydra.main`` function); every user error exits with one ``error:`` line.
+
+    User errors are ValueErrors (bad values, bad files: CheckpointError, DataError), OSErrors (a
+    path that cannot be read or written) and ``errors``; anything else is a bug and keeps its traceback.
+    """
     os.environ["HYDRA_FULL_ERROR"] = "1"  # let Hydra's exceptions reach us instead of printing them
     sys.argv[1:] = ["+" + arg if arg.startswith(OPEN_MAPPINGS) else arg for arg in sys.argv[1:]]
     try:
         main()
     except (HydraException, OmegaConfBaseException) as e:
-        sys.exit(f"error: {one_line(e)}")
+        message = one_line(e)
+    except (ValueError, OSError, *errors) as e:
+        message = str(e).splitlines()[0] if str(e) else type(e).__name__
+    except KeyboardInterrupt:
+        message, code = "interrupted", 130
+        sys.exit(f"error: {message}" if is_main_rank() else code)
+    else:
+        return
+    sys.exit(f"error: {message}" if is_main_rank() else 1)
+
+
+def to_values(cfg: DictConfig) -> dict[str, Any]:
+    return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+
+
+def command(name: str, schema: type, run: Callable[[Any], Any]) -> Callable[[], None]:
+    """The whole script for ``configs/<name>.yaml``: compose, build ``schema``, call ``run``."""
+    register_schema(f"{name}_schema", schema)
+
+    @hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name=name)
+    def main(cfg: DictConfig) -> None:
+        run(from_dict(schema, to_values(cfg), owner=name))
+
+    return lambda: guarded(main)

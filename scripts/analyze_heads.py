@@ -9,7 +9,7 @@ a head out of range, a misspelt key) ends in one ``error: ...`` line, not a trac
 import sys
 
 import hydra
-from _hydra_cli import run_cli
+from _hydra_cli import guarded
 from omegaconf import DictConfig, OmegaConf
 
 from nanoattn.eval.heads import HeadAnalysisConfig, analyze_heads
@@ -24,4 +24,4 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    run_cli(main)
+    guarded(main)

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import hydra
-from _hydra_cli import run_cli
+from _hydra_cli import guarded
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
@@ -34,4 +34,4 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    run_cli(main)
+    guarded(main)

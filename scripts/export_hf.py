@@ -9,7 +9,7 @@ counterpart, a missing checkpoint, a misspelt key) ends in one ``error: ...`` li
 import sys
 
 import hydra
-from _hydra_cli import run_cli
+from _hydra_cli import guarded
 from omegaconf import DictConfig, OmegaConf
 
 from nanoattn.hf import export_checkpoint
@@ -25,4 +25,4 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    run_cli(main)
+    guarded(main)

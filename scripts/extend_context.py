@@ -12,7 +12,7 @@ import os
 import sys
 
 import hydra
-from _hydra_cli import declared_defaults, run_cli
+from _hydra_cli import declared_defaults, guarded
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
@@ -34,4 +34,4 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    run_cli(main)
+    guarded(main)

@@ -8,7 +8,7 @@ size to stderr. A user mistake ends in one ``error: ...`` line.
 import sys
 
 import hydra
-from _hydra_cli import run_cli
+from _hydra_cli import guarded
 from omegaconf import DictConfig, OmegaConf
 
 from nanoattn.generate import SampleConfig, sample_from_checkpoint
@@ -23,4 +23,4 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    run_cli(main)
+    guarded(main)

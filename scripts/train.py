@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import hydra
-from _hydra_cli import register_schema, run_cli
+from _hydra_cli import register_schema, guarded
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
@@ -40,4 +40,4 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    run_cli(main)
+    guarded(main)

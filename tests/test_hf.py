@@ -28,11 +28,11 @@ from transformers import (
 )
 
 from nanoattn import GPT, ModelConfig, generate
+from nanoattn.checkpoint import load_checkpoint, save_checkpoint
 from nanoattn.config import TokenizerConfig
 from nanoattn.data.tokenizer import build_tokenizer
 from nanoattn.hf import export_hf, import_hf, load_hf_tokenizer
-from nanoattn.model.positional.rope_scaling import rope_frequencies
-from nanoattn.train.checkpoint import load_checkpoint, save_checkpoint
+from nanoattn.positional.rope_scaling import rope_frequencies
 
 ROOT = Path(__file__).resolve().parents[1]
 VOCAB = 97

@@ -19,8 +19,8 @@ from omegaconf import OmegaConf
 from tokenizers import AddedToken, Tokenizer, decoders, models
 
 from nanoattn import GPT, ModelConfig
+from nanoattn.checkpoint import save_checkpoint
 from nanoattn.generate import SampleConfig, sample_from_checkpoint
-from nanoattn.train.checkpoint import save_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 CHARS = "abcdefghijklmnopqrstuvwxyzRMEO .,:\n"

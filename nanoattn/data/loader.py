@@ -28,9 +28,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from nanoattn.config import _check_positive_int
 from nanoattn.data.errors import DataError
 from nanoattn.data.tokenizer import load_tokenizer
+from nanoattn.validation import check_positive_int
 
 SPLITS = ("train", "val")
 _TRAIN_STREAM = 0x7261696E  # first word of every training seed, keeps this RNG stream apart from others
@@ -71,9 +71,9 @@ class TokenData:
                     rank: int = 0, world_size: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
         """(x, y), each int64 [batch_size, seq_len]: this rank's random training windows for this step."""
         for name, value in (("step", step), ("seed", seed), ("micro_step", micro_step), ("rank", rank)):
-            _check_non_negative_int(name, value)
+            check_non_negative_int(name, value)
         for name, value in (("batch_size", batch_size), ("seq_len", seq_len), ("world_size", world_size)):
-            _check_positive_int("train_batch", name, value)
+            check_positive_int("train_batch", name, value)
         if rank >= world_size:
             raise ValueError(f"train_batch.rank={rank} is invalid: must be below world_size={world_size}")
         tokens = self.tokens("train")
@@ -88,9 +88,9 @@ class TokenData:
     def val_batches(self, n_batches: int, *, batch_size: int,
                     seq_len: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """``n_batches`` (x, y) pairs of int64 [batch_size, seq_len], evenly spaced over the val split."""
-        _check_positive_int("val_batches", "n_batches", n_batches)
-        _check_positive_int("val_batches", "batch_size", batch_size)
-        _check_positive_int("val_batches", "seq_len", seq_len)
+        check_positive_int("val_batches", "n_batches", n_batches)
+        check_positive_int("val_batches", "batch_size", batch_size)
+        check_positive_int("val_batches", "seq_len", seq_len)
         tokens = self.tokens("val")
         last_start = _n_starts(tokens, seq_len, "val") - 1
         starts = np.linspace(0, last_start, n_batches * batch_size).round().astype(np.int64)
@@ -113,9 +113,9 @@ class TokenData:
         which no whole window reaches, are not scored. Raises DataError if the split is shorter
         than ``length + 1`` tokens.
         """
-        _check_positive_int("sequential", "length", length)
+        check_positive_int("sequential", "length", length)
         stride = length if stride is None else stride
-        _check_positive_int("sequential", "stride", stride)
+        check_positive_int("sequential", "stride", stride)
         if stride > length:
             raise ValueError(f"sequential.stride={stride} is invalid: must be at most length={length} "
                              "(a larger stride would skip tokens)")
@@ -145,6 +145,6 @@ def _windows(tokens: np.ndarray, starts: np.ndarray, seq_len: int) -> tuple[torc
     return batch[:, :-1].contiguous(), batch[:, 1:].contiguous()  # [B, T] each
 
 
-def _check_non_negative_int(name: str, value: Any) -> None:
+def check_non_negative_int(name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"train_batch.{name}={value!r} is invalid: must be a non-negative integer")

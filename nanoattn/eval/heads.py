@@ -38,10 +38,11 @@ import torch
 import yaml
 from matplotlib.figure import Figure
 
-from nanoattn.config import DataConfig, _check_choice, _check_positive_int, _fail, from_dict
+from nanoattn.checkpoint import load_checkpoint, resolve_checkpoint
+from nanoattn.config import DataConfig
 from nanoattn.data import TokenData, data_dir
 from nanoattn.model import GPT
-from nanoattn.train.checkpoint import load_checkpoint, resolve_checkpoint
+from nanoattn.validation import check_choice, check_positive_int, fail, from_dict
 
 # The first query the statistics average over; queries 0 and 1 see fewer than three distinct keys.
 FIRST_QUERY = 2
@@ -234,9 +235,9 @@ def least_important(importance: torch.Tensor, fraction: float,
 
     Ties break by (layer, head), so a given importance always gives the same heads.
     """
-    _check_choice("pruning", "scope", scope, PRUNE_SCOPES)
+    check_choice("pruning", "scope", scope, PRUNE_SCOPES)
     if not 0.0 <= fraction <= 1.0:
-        _fail("pruning", "fraction", fraction, "must be in [0, 1]")
+        fail("pruning", "fraction", fraction, "must be in [0, 1]")
     n_layer, n_head = importance.shape
     heads = sorted((float(importance[l, h]), l, h) for l in range(n_layer) for h in range(n_head))
     if scope == "global":
@@ -255,7 +256,7 @@ def pruning_curve(model: GPT, batches: Sequence[Batch], importance: torch.Tensor
     Fractions that round to the same heads are evaluated once. Each row: ``pruned`` (heads),
     ``fraction`` (pruned / all heads), ``loss``, ``loss_increase`` over the unpruned model, ``heads``.
     """
-    _check_positive_int("pruning", "steps", steps)
+    check_positive_int("pruning", "steps", steps)
     n_heads = importance.numel()
     rows: list[dict] = []
     for step in range(steps + 1):
@@ -397,19 +398,19 @@ class HeadAnalysisConfig:
     def __post_init__(self) -> None:
         own = "analyze_heads"
         if not isinstance(self.ckpt, str) or not self.ckpt:
-            _fail(own, "ckpt", self.ckpt, "required: a checkpoint or run directory (ckpt=runs/...)")
+            fail(own, "ckpt", self.ckpt, "required: a checkpoint or run directory (ckpt=runs/...)")
         for name in ("map_len", "batch_size", "n_batches", "prune_steps"):
-            _check_positive_int(own, name, getattr(self, name))
+            check_positive_int(own, name, getattr(self, name))
         if self.seq_len is not None:
-            _check_positive_int(own, "seq_len", self.seq_len)
+            check_positive_int(own, "seq_len", self.seq_len)
             if self.seq_len <= FIRST_QUERY:
-                _fail(own, "seq_len", self.seq_len, f"must be above {FIRST_QUERY}")
+                fail(own, "seq_len", self.seq_len, f"must be above {FIRST_QUERY}")
         if self.text is not None and (not isinstance(self.text, str) or not self.text):
-            _fail(own, "text", self.text, "must be a non-empty string or null")
+            fail(own, "text", self.text, "must be a non-empty string or null")
         if self.head is not None and (not isinstance(self.head, (list, tuple)) or len(self.head) != 2):
-            _fail(own, "head", self.head, "must be [layer, head] or null")
-        _check_choice(own, "importance", self.importance, tuple(IMPORTANCE))
-        _check_choice(own, "prune_scope", self.prune_scope, PRUNE_SCOPES)
+            fail(own, "head", self.head, "must be [layer, head] or null")
+        check_choice(own, "importance", self.importance, tuple(IMPORTANCE))
+        check_choice(own, "prune_scope", self.prune_scope, PRUNE_SCOPES)
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> HeadAnalysisConfig:

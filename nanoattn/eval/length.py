@@ -49,9 +49,9 @@ from typing import Any, NamedTuple
 
 import torch
 
-from nanoattn.config import _check_positive_int
+from nanoattn.checkpoint import LATEST, load_checkpoint, resolve_checkpoint
 from nanoattn.data import TokenData, bits_per_byte
-from nanoattn.train.checkpoint import LATEST, load_checkpoint, resolve_checkpoint
+from nanoattn.validation import check_positive_int
 
 MODES = ("chunks", "sliding")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -100,10 +100,10 @@ def score_length(model, tokens: torch.Tensor, length: int, *, stride: int | None
     ``tokens`` is a 1-D int64 stream of n + 1 tokens; ``stride=None`` means chunks (= length).
     Returns (mean loss in nats over the n targets, n, per-position mean loss float64 [length]).
     """
-    _check_positive_int("length_eval", "length", length)
-    _check_positive_int("length_eval", "batch_size", batch_size)
+    check_positive_int("length_eval", "length", length)
+    check_positive_int("length_eval", "batch_size", batch_size)
     stride = length if stride is None else stride
-    _check_positive_int("length_eval", "stride", stride)
+    check_positive_int("length_eval", "stride", stride)
     if stride > length:
         raise ValueError(f"length_eval.stride={stride} is invalid: must be at most the length {length}")
     n_targets = tokens.numel() - 1
@@ -148,7 +148,7 @@ def evaluate_lengths(model, tokens: torch.Tensor, lengths: Sequence[int], *, mod
         raise ValueError(f"length_eval.stride={stride} is invalid with mode='chunks' (windows do not "
                          "overlap); use mode=sliding or stride=null")
     if stride is not None:
-        _check_positive_int("length_eval", "stride", stride)
+        check_positive_int("length_eval", "stride", stride)
         if stride > lengths[0]:
             raise ValueError(f"length_eval.stride={stride} is invalid: must be at most the shortest length "
                              f"{lengths[0]}")
@@ -182,7 +182,7 @@ def check_lengths(lengths: Sequence[int]) -> list[int]:
     if isinstance(lengths, (str, bytes)) or not isinstance(lengths, Sequence) or not lengths:
         raise ValueError(f"length_eval.lengths={lengths!r} is invalid: must be a non-empty list of lengths")
     for length in lengths:
-        _check_positive_int("length_eval", "lengths", length)
+        check_positive_int("length_eval", "lengths", length)
     return sorted(set(lengths))
 
 
@@ -294,7 +294,7 @@ def run_length_eval(
     ``out=None`` writes ``length_eval[_<scaling>][_step<N>].json`` into the run directory (see
     ``default_output``). Returns the report.
     """
-    _check_positive_int("length_eval", "max_tokens", max_tokens)
+    check_positive_int("length_eval", "max_tokens", max_tokens)
     checkpoint, data = load_for_eval(ckpt, rope_scaling, device, data_dir)
     val = data.tokens("val")
     stream = torch.from_numpy(val[:min(max_tokens, val.size - 1) + 1].astype("int64"))  # [n + 1]

@@ -43,7 +43,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from nanoattn.config import _check_positive_int
 from nanoattn.data import TokenData
 from nanoattn.eval.length import (
     DEFAULT_MULTIPLES,
@@ -55,6 +54,7 @@ from nanoattn.eval.length import (
     report_label,
 )
 from nanoattn.model import IGNORE_INDEX
+from nanoattn.validation import check_positive_int
 
 REPORT_STEM = "passkey"  # <run dir>/passkey[_<scaling>][_step<N>].json
 KEY_DIGITS = 5
@@ -122,8 +122,8 @@ def evaluate_passkey(model, tokenizer, filler: np.ndarray, lengths: Sequence[int
                      depths: Sequence[float] = DEFAULT_DEPTHS, *, samples: int = 20, seed: int = 0,
                      batch_size: int = 4, dtype: str = "float32") -> list[dict[str, Any]]:
     """One record per (length, depth): mean key log-prob, exact-match accuracy; or an ``error``."""
-    _check_positive_int("passkey", "samples", samples)
-    _check_positive_int("passkey", "batch_size", batch_size)
+    check_positive_int("passkey", "samples", samples)
+    check_positive_int("passkey", "batch_size", batch_size)
     lengths = check_lengths(lengths)
     template = PasskeyTemplate(tokenizer)
     cells = []

@@ -27,7 +27,7 @@ from torch import nn
 
 from nanoattn.model.cache import KVCache
 from nanoattn.model.layers import dropout
-from nanoattn.model.positional.base import PositionalEncoding
+from nanoattn.positional.base import PositionalEncoding
 
 # Largest mask/bias chunk, in elements of [B, n_head, chunk, T_k], built at once on the bias path.
 MASK_CHUNK_ELEMENTS = 1 << 22

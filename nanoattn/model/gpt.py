@@ -18,7 +18,7 @@ from nanoattn.config import ModelConfig
 from nanoattn.model.attention import Attention
 from nanoattn.model.cache import KVCache
 from nanoattn.model.layers import dropout, make_mlp, make_norm
-from nanoattn.model.positional import build_positional
+from nanoattn.positional import build_positional
 
 # Largest float32 logits block [rows, vocab_size] that GPT.loss builds at once without autograd.
 LOSS_CHUNK_ELEMENTS = 1 << 22

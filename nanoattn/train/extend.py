@@ -29,14 +29,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from nanoattn.checkpoint import read_checkpoint_config, trained_length, with_original_length
 from nanoattn.config import RunConfig
-from nanoattn.train.checkpoint import read_checkpoint_config
-from nanoattn.train.loop import train
+from nanoattn.train.loop import resolve_init_from, train
 
 # The model fields an extension sets; everything else is the checkpoint's.
 EXTENSION_FIELDS = ("rope_scaling", "max_seq_len")
 FINE_TUNE_TYPES = "linear | ntk | yarn | llama3"
-ORIGINAL_KEYS = {"original_max_seq_len", "original_max_position_embeddings"}  # ours, transformers'
 
 
 def extension_config(cfg: Mapping[str, Any]) -> RunConfig:
@@ -51,7 +50,7 @@ def extension_config(cfg: Mapping[str, Any]) -> RunConfig:
     if trained.get("pos") != "rope":
         raise ValueError(f"train.init_from={source!r} has pos={trained.get('pos')!r}: context extension "
                          "by RoPE scaling needs a RoPE checkpoint")
-    trained_len = int(meta.get("train_seq_len", trained.get("max_seq_len", 0)))
+    trained_len = trained_length(meta)
 
     model = dict(values.get("model") or {})
     other = sorted(set(model) - set(EXTENSION_FIELDS))
@@ -62,17 +61,13 @@ def extension_config(cfg: Mapping[str, Any]) -> RunConfig:
     if not isinstance(scaling, Mapping):
         raise ValueError(f"model.rope_scaling={scaling!r} is invalid: extending a context needs a scaling "
                          f"such as {{type: yarn, factor: 4}}; types: {FINE_TUNE_TYPES}")
-    # A null original length (the config's default) means "not given".
-    scaling = {k: v for k, v in scaling.items() if not (k in ORIGINAL_KEYS and v is None)}
     kind = scaling.get("type", scaling.get("rope_type"))
     if kind == "dynamic":
         raise ValueError("model.rope_scaling.type='dynamic' is invalid for fine-tuning: its base depends on "
                          "the input length, so it is applied zero-shot at inference (rope_scaling="
                          "{type: dynamic, factor: 4} in eval_length or sample, or load_checkpoint's "
                          f"rope_scaling); fine-tune with {FINE_TUNE_TYPES}")
-    if not ORIGINAL_KEYS & set(scaling):
-        earlier = trained.get("rope_scaling")
-        scaling["original_max_seq_len"] = earlier["original_max_seq_len"] if earlier else trained_len
+    scaling = with_original_length(scaling, meta)
 
     seq_len = train_values.get("seq_len")
     if seq_len is None:
@@ -80,7 +75,7 @@ def extension_config(cfg: Mapping[str, Any]) -> RunConfig:
                          f"longer than the {trained_len} tokens {source} was trained at")
     model["rope_scaling"] = scaling
     model.setdefault("max_seq_len", seq_len)
-    run = RunConfig.from_dict({**values, "model": model})
+    run = resolve_init_from({**values, "model": model})
     if run.seq_len <= trained_len:
         raise ValueError(f"train.seq_len={run.seq_len} is invalid: an extension must be longer than the "
                          f"{trained_len} tokens {source} was trained at")

@@ -36,6 +36,7 @@ import math
 import signal
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -43,13 +44,9 @@ import torch
 import yaml
 from torch import nn
 
-from nanoattn.config import RunConfig
-from nanoattn.data import TokenData, bits_per_byte, ensure_prepared
-from nanoattn.logging import make_logger, note, truncate_metrics
-from nanoattn.model import GPT
-from nanoattn.train import distributed
-from nanoattn.train.checkpoint import (
+from nanoattn.checkpoint import (
     CheckpointError,
+    init_model_config,
     list_checkpoints,
     load_trainer_state,
     load_weights,
@@ -58,6 +55,13 @@ from nanoattn.train.checkpoint import (
     resolve_checkpoint,
     save_checkpoint,
 )
+from nanoattn.config import ModelConfig, RunConfig
+from nanoattn.data import TokenData, bits_per_byte, ensure_prepared, load_tokenizer
+from nanoattn.eval.passkey import PasskeyMix
+from nanoattn.logging import make_logger, note, truncate_metrics
+from nanoattn.model import GPT
+from nanoattn.runtime import autocast, autocast_dtype, pick_device
+from nanoattn.train import distributed
 from nanoattn.train.optim import lr_at, make_optimizer
 
 # Keys that may differ between a run and its resumption: where and how long it runs, how it is
@@ -74,9 +78,15 @@ class TrainingDiverged(RuntimeError):
 
 
 def train(cfg: RunConfig | dict[str, Any]) -> Path:
-    """Train a model as ``cfg`` says and return its run directory (see docs/training.md)."""
-    cfg = copy.deepcopy(cfg) if isinstance(cfg, RunConfig) else RunConfig.from_dict(cfg)  # ours to adjust
-    device = pick_device(cfg.train.device)
+    """Train a model as ``cfg`` says and return its run directory (see docs/training.md).
+
+    With ``train.init_from`` the model is the checkpoint's, with the ``INIT_OVERRIDABLE`` fields of
+    ``cfg.model`` on top. From a mapping only the model keys it names count, and a ``rope_scaling``
+    without ``original_max_seq_len`` gets the checkpoint's original length; a ``ModelConfig`` is
+    taken as a full request (its scaling's original length defaults to its own ``max_seq_len``).
+    """
+    cfg = resolve_init_from(cfg)
+    device = pick_device(cfg.train.device, "train.device")
     dist = distributed.init_distributed(device.type)
     if device.type == "cuda":
         device = torch.device("cuda", dist.local_rank)
@@ -90,40 +100,18 @@ def train(cfg: RunConfig | dict[str, Any]) -> Path:
         distributed.shutdown(dist)
 
 
-def pick_device(name: str) -> torch.device:
-    """auto: cuda, else mps, else cpu; an explicit device must be available."""
-    available = {"cpu": True, "cuda": torch.cuda.is_available(),
-                 "mps": torch.backends.mps.is_available()}
-    if name == "auto":
-        name = next(n for n in ("cuda", "mps", "cpu") if available[n])
-    if not available[name]:
-        raise ValueError(f"train.device={name!r} is invalid: no {name} device on this machine; allowed: "
-                         + " | ".join(["auto"] + [n for n, ok in available.items() if ok]))
-    return torch.device(name)
-
-
-def _cpu_flags() -> set[str]:
-    try:
-        with open("/proc/cpuinfo") as f:
-            line = next((ln for ln in f if ln.startswith("flags")), "")
-    except OSError:
-        return set()
-    return set(line.partition(":")[2].split())
-
-
-def autocast_dtype(dtype: str, device: torch.device) -> tuple[torch.dtype | None, str]:
-    """(the autocast dtype, or None for plain float32; why) for ``train.dtype`` on ``device``."""
-    if dtype == "float32":
-        return None, "float32 (train.dtype=float32)"
-    if dtype == "bfloat16":
-        return torch.bfloat16, "bfloat16 autocast (train.dtype=bfloat16)"
-    if device.type == "cuda" and torch.cuda.is_bf16_supported():
-        return torch.bfloat16, "bfloat16 autocast (auto: the GPU supports bf16)"
-    if device.type == "cpu":
-        fast = sorted(_cpu_flags() & {"amx_bf16", "avx512_bf16"})
-        if fast:
-            return torch.bfloat16, f"bfloat16 autocast (auto: the CPU has {' and '.join(fast)})"
-    return None, f"float32 (auto: no fast bf16 on this {device.type})"
+def resolve_init_from(cfg: RunConfig | Mapping[str, Any]) -> RunConfig:
+    """A copy of ``cfg`` (ours to adjust) whose model, with ``train.init_from``, is the checkpoint's."""
+    if isinstance(cfg, RunConfig):
+        values = copy.deepcopy(cfg.to_dict())
+    else:
+        values = copy.deepcopy(dict(cfg))
+    init_from = (values.get("train") or {}).get("init_from")
+    if init_from:
+        model = values.get("model") or {}
+        model = model.to_dict() if isinstance(model, ModelConfig) else dict(model)
+        values["model"] = init_model_config(init_from, model).to_dict()
+    return RunConfig.from_dict(values)
 
 
 class _LossModule(nn.Module):
@@ -201,7 +189,8 @@ class _Run:
         self.cfg, self.device, self.dist = cfg, device, dist
         self.t = cfg.train
         self.seq_len = cfg.seq_len
-        self.amp_dtype, self.amp_reason = autocast_dtype(self.t.dtype, device)
+        amp_dtype, self.amp_reason = autocast_dtype(self.t.dtype, device)
+        self.autocast = lambda: autocast(device, amp_dtype)
 
     def say(self, text: str) -> None:
         if self.dist.is_main:
@@ -224,8 +213,6 @@ class _Run:
             if given < need:
                 raise ValueError(f"train.init_from={self.t.init_from!r} has vocab_size={given}, smaller than "
                                  f"the tokenizer of data {self.cfg.data.name!r} ({need})")
-            from nanoattn.data import load_tokenizer
-
             if load_tokenizer(resolve_checkpoint(self.t.init_from)).get_vocab() != data.tokenizer.get_vocab():
                 raise ValueError(f"train.init_from={self.t.init_from!r} was trained with another tokenizer "
                                  f"than data {self.cfg.data.name!r}'s; use the data it was trained on")
@@ -279,8 +266,6 @@ class _Run:
         data = self._prepare_data()
         self._fit_vocab(data)
         if t.passkey_fraction > 0:  # the passkey recipe's data mix (configs/experiment/passkey.yaml)
-            from nanoattn.eval.passkey import PasskeyMix
-
             data = PasskeyMix(data, t.passkey_fraction)
         state = load_trainer_state(ckpt) if ckpt is not None else None
         if state is not None:
@@ -394,11 +379,6 @@ class _Run:
 
     # ------------------------------------------------------------------ loop
 
-    def _autocast(self):
-        if self.amp_dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=self.amp_dtype)
-
     def _loop(self, start: int, state: dict[str, Any] | None, logger) -> tuple[int, dict[str, float]]:
         """Train from step ``start``; returns (the step reached, the last evaluation)."""
         t, d = self.t, self.dist
@@ -427,7 +407,7 @@ class _Run:
                     # DDP all-reduces gradients only on the last micro-step of an update.
                     sync = contextlib.nullcontext() if last or not d.enabled else self.net.no_sync()
                     with sync:
-                        with self._autocast():
+                        with self.autocast():
                             loss = self.net(x, y)
                         (loss / t.grad_accum).backward()
                     loss_sum += loss.detach().float()
@@ -491,7 +471,7 @@ class _Run:
         self.model.eval()
         total = torch.zeros(2, dtype=torch.float64, device=self.device)  # [loss sum, batches]
         for x, y in self.val:
-            with self._autocast():
+            with self.autocast():
                 loss = self.model.loss(x.to(self.device), y.to(self.device))
             total += torch.stack([loss.double(), torch.ones((), dtype=torch.float64, device=self.device)])
         self.model.train()

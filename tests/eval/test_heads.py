@@ -22,6 +22,7 @@ from omegaconf import OmegaConf
 
 import nanoattn.model.attention as attention_module
 from nanoattn import GPT, ModelConfig
+from nanoattn.checkpoint import save_checkpoint
 from nanoattn.config import DataConfig, TokenizerConfig
 from nanoattn.data import EOT, prepare_data
 from nanoattn.data.tokenizer import build_tokenizer
@@ -46,8 +47,7 @@ from nanoattn.eval.heads import (
     pruning_curve,
     resolve_data_dir,
 )
-from nanoattn.model.positional import REGISTRY
-from nanoattn.train.checkpoint import save_checkpoint
+from nanoattn.positional import REGISTRY
 
 ROOT = Path(__file__).resolve().parents[2]
 LAYOUTS = {"mha": 4, "gqa": 2, "mqa": 1}

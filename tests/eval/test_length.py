@@ -17,12 +17,12 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
 from nanoattn import GPT, ModelConfig, load_checkpoint
+from nanoattn.checkpoint import save_checkpoint
 from nanoattn.config import DataConfig
 from nanoattn.data import TokenData, ensure_prepared
 from nanoattn.eval import evaluate_lengths, lengths_from_multiples, run_length_eval, score_length
 from nanoattn.eval.length import PeakMemory, default_output, window_starts
 from nanoattn.model import attention
-from nanoattn.train.checkpoint import save_checkpoint
 
 REPO = Path(__file__).resolve().parents[2]
 VOCAB = 32

@@ -14,13 +14,13 @@ import torch
 from torch import nn
 
 from nanoattn import GPT, ModelConfig, load_checkpoint
+from nanoattn.checkpoint import save_checkpoint
 from nanoattn.config import DataConfig
 from nanoattn.data import TokenData, ensure_prepared, load_tokenizer
 from nanoattn.eval import PasskeyMix, evaluate_passkey, passkey_table, run_passkey_eval
 from nanoattn.eval.passkey import PasskeyTemplate, score_passkey
 from nanoattn.model import IGNORE_INDEX
 from nanoattn.train import train
-from nanoattn.train.checkpoint import save_checkpoint
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from nanoattn import GPT, ModelConfig
 from nanoattn.model import Attention
 from nanoattn.model import attention as attention_module
-from nanoattn.model.positional import build_positional
+from nanoattn.positional import build_positional
 
 torch.manual_seed(0)
 

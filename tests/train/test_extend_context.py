@@ -25,8 +25,9 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
 from nanoattn import GPT, ModelConfig, load_checkpoint
-from nanoattn.model.positional.rope_scaling import normalize_rope_scaling
-from nanoattn.train import save_checkpoint, train
+from nanoattn.checkpoint import save_checkpoint
+from nanoattn.positional.rope_scaling import normalize_rope_scaling
+from nanoattn.train import train
 from nanoattn.train.extend import extend_context, extension_config
 
 REPO = Path(__file__).resolve().parents[2]

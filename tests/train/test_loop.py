@@ -12,10 +12,11 @@ import yaml
 
 import nanoattn.train.loop as loop
 from nanoattn import load_checkpoint
+from nanoattn.checkpoint import CheckpointError, load_trainer_state
 from nanoattn.config import RunConfig
 from nanoattn.data import TokenData, bits_per_byte, data_dir
 from nanoattn.logging import read_metrics
-from nanoattn.train import CheckpointError, TrainingDiverged, load_trainer_state, train
+from nanoattn.train import TrainingDiverged, train
 
 
 def test_a_run_writes_the_documented_run_directory(tmp_path, tiny_config):
@@ -187,24 +188,6 @@ def test_init_from_starts_from_the_weights_with_the_context_fields_of_the_new_co
     assert model.rope_scaling["original_max_seq_len"] == 32
     first = read_metrics(run_dir / "metrics.jsonl")[0]
     assert first["step"] == 1 and first["train_loss"] < source_loss + 0.5 < math.log(257)
-
-
-def test_auto_dtype_follows_the_cpu_flags(monkeypatch):
-    cpu = torch.device("cpu")
-    for fast in ({"avx2", "amx_bf16", "amx_tile"}, {"avx512f", "avx512_bf16"}):
-        monkeypatch.setattr(loop, "_cpu_flags", lambda fast=fast: fast)
-        assert loop.autocast_dtype("auto", cpu)[0] is torch.bfloat16
-    monkeypatch.setattr(loop, "_cpu_flags", lambda: {"avx2", "avx512f", "avx512bw"})
-    assert loop.autocast_dtype("auto", cpu)[0] is None
-    assert loop.autocast_dtype("bfloat16", cpu)[0] is torch.bfloat16
-    assert loop.autocast_dtype("float32", cpu)[0] is None
-
-
-def test_an_unavailable_device_is_a_one_line_error():
-    if not torch.cuda.is_available():
-        with pytest.raises(ValueError, match=r"train\.device='cuda' is invalid: no cuda device"):
-            loop.pick_device("cuda")
-    assert loop.pick_device("cpu") == torch.device("cpu")
 
 
 def test_importing_nanoattn_imports_neither_wandb_hydra_nor_datasets():

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from nanoattn.model.positional.base import PositionalEncoding
-from nanoattn.model.positional.rope_scaling import rope_depends_on_length, rope_frequencies
+from nanoattn.positional.base import PositionalEncoding
+from nanoattn.positional.rope_scaling import rope_depends_on_length, rope_frequencies
 
 
 class RotaryPositionalEncoding(PositionalEncoding):

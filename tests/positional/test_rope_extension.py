@@ -29,13 +29,13 @@ import pytest
 import torch
 
 from nanoattn import GPT, KVCache, ModelConfig, load_checkpoint
-from nanoattn.model.positional.rope_scaling import (
+from nanoattn.checkpoint import save_checkpoint
+from nanoattn.positional.rope_scaling import (
     normalize_rope_scaling,
     rope_frequencies,
     yarn_attention_factor,
     yarn_correction_range,
 )
-from nanoattn.train import save_checkpoint
 
 TRAIN_LEN = 32
 TYPES = ("linear", "ntk", "dynamic", "yarn", "llama3")

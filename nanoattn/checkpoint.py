@@ -13,6 +13,13 @@ leftover temporary directory (a dot-name) is ignored by every reader and removed
 ``remove_stale_temps`` when a run starts again. Old checkpoints are pruned only after the new
 one is complete and ``latest`` names it.
 
+The length rules live here, once:
+- ``trained_length(meta)``: the length a checkpoint was trained at (its ``train_seq_len``, else
+  its model's ``max_seq_len``).
+- ``original_length(meta)``: the length its *unscaled* RoPE frequencies were fitted to, the
+  default ``original_max_seq_len`` of any scaling applied to it (zero-shot, ``init_from`` or a
+  context extension): a scaled checkpoint's own original length, else its training length.
+  Scalings replace each other and never stack.
 ``init_model_config`` decides the model of a run started from a checkpoint's weights
 (``train.init_from``): the checkpoint's shape, with the few fields in ``INIT_OVERRIDABLE`` taken
 from the run's config (context extension changes the context length and the RoPE scaling).
@@ -34,12 +41,15 @@ from safetensors.torch import load_file, save_file
 
 from nanoattn.config import ModelConfig
 from nanoattn.model import GPT
+from nanoattn.runtime import temporary_sibling, write_atomic
 
 LATEST = "latest"
+CHECKPOINTS = "checkpoints"  # <run dir>/checkpoints/<name>/
 FORMAT_VERSION = "1"
 # Model fields a run started with train.init_from takes from its own config; every other field
 # comes from the checkpoint, since the weights fix the shape.
 INIT_OVERRIDABLE = ("max_seq_len", "rope_scaling", "rope_theta", "dropout")
+ORIGINAL_KEYS = ("original_max_seq_len", "original_max_position_embeddings")  # ours, transformers'
 
 
 class CheckpointError(ValueError):
@@ -54,11 +64,6 @@ class Checkpoint(NamedTuple):
     train_seq_len: int
     step: int
 
-
-def _write_atomic_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def save_checkpoint(
@@ -76,7 +81,7 @@ def save_checkpoint(
     ckpt_root = Path(ckpt_root)
     ckpt_root.mkdir(parents=True, exist_ok=True)
     final = ckpt_root / name
-    tmp = ckpt_root / f".{name}.tmp{os.getpid()}"
+    tmp = temporary_sibling(final)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
@@ -92,14 +97,13 @@ def save_checkpoint(
         torch.save(dict(trainer_state), tmp / "trainer_state.pt")
     _fsync_files(tmp)
     if final.exists():  # re-saving the same step: move the old copy aside, never delete it first
-        old = ckpt_root / f".{name}.old{os.getpid()}"
+        old = temporary_sibling(final, "old")
         os.replace(final, old)
         os.replace(tmp, final)
         shutil.rmtree(old)
     else:
         os.replace(tmp, final)
-    _write_atomic_text(ckpt_root / LATEST, name + "\n")
-    _fsync_dir(ckpt_root)
+    write_atomic(ckpt_root / LATEST, name + "\n")
     if keep_last is not None:
         prune_checkpoints(ckpt_root, keep_last)
     return final
@@ -110,17 +114,6 @@ def _fsync_files(path: Path) -> None:
         with open(file, "rb") as f:
             os.fsync(f.fileno())
 
-
-def _fsync_dir(path: Path) -> None:
-    """Make the renames inside ``path`` durable (a no-op where directories cannot be opened)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _step_of(path: Path) -> int | None:
@@ -161,7 +154,7 @@ def resolve_checkpoint(path: str | Path) -> Path:
             raise CheckpointError(f"{str(path)!r} is a transformers model folder, not a nanoattn checkpoint; "
                                   f"load it with nanoattn.hf.import_hf")
         return path
-    for root in (path / "checkpoints", path):
+    for root in (path / CHECKPOINTS, path):
         if (root / LATEST).exists():
             name = (root / LATEST).read_text().strip()
             if not (root / name / "model.safetensors").exists():
@@ -180,23 +173,45 @@ def read_checkpoint_config(path: str | Path) -> dict[str, Any]:
         raise CheckpointError(f"{path / 'config.json'} is unreadable or not JSON: {e}") from None
 
 
+def trained_length(meta: Mapping[str, Any]) -> int:
+    """The length a checkpoint (its config.json as a dict) was trained at."""
+    return int(meta.get("train_seq_len", (meta.get("model") or {}).get("max_seq_len", 0)))
+
+
+def original_length(meta: Mapping[str, Any]) -> int:
+    """The length a checkpoint's unscaled RoPE frequencies were fitted to (see the module docstring)."""
+    earlier = (meta.get("model") or {}).get("rope_scaling") or {}
+    return int(earlier.get("original_max_seq_len") or trained_length(meta))
+
+
+def with_original_length(scaling: Mapping[str, Any], meta: Mapping[str, Any]) -> dict[str, Any]:
+    """``scaling`` with ``original_max_seq_len`` defaulted to the checkpoint's (null counts as unset)."""
+    scaling = {k: v for k, v in scaling.items() if not (k in ORIGINAL_KEYS and v is None)}
+    if not set(ORIGINAL_KEYS) & set(scaling):
+        scaling["original_max_seq_len"] = original_length(meta)
+    return scaling
+
+
+def run_directory(checkpoint: Path) -> Path:
+    """The run directory of a checkpoint ``<run>/checkpoints/<name>``; else the checkpoint's parent."""
+    parent = checkpoint.parent
+    return parent.parent if parent.name == CHECKPOINTS else parent
+
+
 def init_model_config(path: str | Path, run_model: Mapping[str, Any]) -> ModelConfig:
     """The model of a run whose weights start from checkpoint ``path``.
 
     The checkpoint's model config, with the ``INIT_OVERRIDABLE`` fields of ``run_model`` on top.
-    A ``rope_scaling`` mapping without ``original_max_seq_len`` gets the length the checkpoint was
-    trained at, the length its frequencies were fitted to.
+    A new ``rope_scaling`` mapping without ``original_max_seq_len`` gets ``original_length``.
     """
     meta = read_checkpoint_config(path)
     fields = dict(meta.get("model") or {})
-    train_seq_len = int(meta.get("train_seq_len", fields.get("max_seq_len", 0)))
     for key in INIT_OVERRIDABLE:
         if key in run_model:
             fields[key] = run_model[key]
     scaling = fields.get("rope_scaling")
-    if isinstance(scaling, Mapping) and not {"original_max_seq_len",
-                                             "original_max_position_embeddings"} & set(scaling):
-        fields["rope_scaling"] = {**scaling, "original_max_seq_len": train_seq_len}
+    if isinstance(scaling, Mapping) and scaling is not (meta.get("model") or {}).get("rope_scaling"):
+        fields["rope_scaling"] = with_original_length(scaling, meta)
     old_len = (meta.get("model") or {}).get("max_seq_len")
     if fields.get("pos") == "learned" and fields.get("max_seq_len") != old_len:
         raise ValueError(f"model.max_seq_len={fields.get('max_seq_len')!r} is invalid with train.init_from: "
@@ -213,17 +228,16 @@ def load_checkpoint(
     """Load a model, its tokenizer and config from a checkpoint or a run directory.
 
     ``rope_scaling`` applies a RoPE scaling zero-shot (e.g. {"type": "yarn", "factor": 4});
-    its ``original_max_seq_len`` defaults to the length the checkpoint was trained at.
+    its ``original_max_seq_len`` defaults to ``original_length`` (the training length when unscaled).
     """
     path = resolve_checkpoint(path)
     meta = read_checkpoint_config(path)
     model_fields = dict(meta.get("model") or {})
-    train_seq_len = int(meta.get("train_seq_len", model_fields.get("max_seq_len", 0)))
     if rope_scaling is not None:
         if model_fields.get("pos") != "rope":
             raise ValueError(f"rope_scaling={dict(rope_scaling)} needs a RoPE model; checkpoint {path} "
                              f"has pos={model_fields.get('pos')!r}")
-        model_fields["rope_scaling"] = {"original_max_seq_len": train_seq_len, **dict(rope_scaling)}
+        model_fields["rope_scaling"] = with_original_length(rope_scaling, meta)
     cfg = ModelConfig.from_dict(model_fields)
     with torch.device(device):
         model = GPT(cfg)
@@ -237,7 +251,7 @@ def load_checkpoint(
         except Exception as e:  # tokenizers raises a bare Exception for a malformed file
             reason = str(e).splitlines()[0][:120]
             raise CheckpointError(f"{path / 'tokenizer.json'} is corrupt: {reason}") from None
-    return Checkpoint(model.eval(), tokenizer, cfg, path, train_seq_len, int(meta.get("step", 0)))
+    return Checkpoint(model.eval(), tokenizer, cfg, path, trained_length(meta), int(meta.get("step", 0)))
 
 
 def load_weights(path: str | Path, model: GPT) -> None:

@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from nanoattn.model.positional.base import PositionalEncoding
+from nanoattn.positional.base import PositionalEncoding
 
 
 def alibi_slopes(n_head: int) -> list[float]:

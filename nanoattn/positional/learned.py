@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from nanoattn.model.positional.base import PositionalEncoding
+from nanoattn.positional.base import PositionalEncoding
 
 
 class LearnedPositionalEncoding(PositionalEncoding):

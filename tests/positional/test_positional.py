@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from nanoattn import GPT, ModelConfig
-from nanoattn.model.positional import REGISTRY, alibi_slopes, build_positional, sinusoidal_table
+from nanoattn.positional import REGISTRY, alibi_slopes, build_positional, sinusoidal_table
 
 
 def test_registry_names_match_the_config_choices():

@@ -7,9 +7,9 @@ import pathlib
 import pytest
 import torch
 
-import nanoattn.train.checkpoint as ckpt_mod
+import nanoattn.checkpoint as ckpt_mod
 from nanoattn import GPT, ModelConfig, load_checkpoint
-from nanoattn.train.checkpoint import (
+from nanoattn.checkpoint import (
     CheckpointError,
     init_model_config,
     list_checkpoints,

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 
-from nanoattn.model.positional.rope_scaling import (
+from nanoattn.positional.rope_scaling import (
     normalize_rope_scaling,
     rope_depends_on_length,
     rope_frequencies,

@@ -4,7 +4,7 @@ A causal decoder can still infer positions from the mask (a token sees how many 
 precede it through the softmax normalisation), which is why NoPE language models train.
 """
 
-from nanoattn.model.positional.base import PositionalEncoding
+from nanoattn.positional.base import PositionalEncoding
 
 
 class NoPositionalEncoding(PositionalEncoding):

@@ -1,11 +1,11 @@
 """Registry of positional encodings: adding one is one file plus one line here."""
 
-from nanoattn.model.positional.alibi import ALiBiPositionalEncoding, alibi_slopes
-from nanoattn.model.positional.base import PositionalEncoding
-from nanoattn.model.positional.learned import LearnedPositionalEncoding
-from nanoattn.model.positional.nope import NoPositionalEncoding
-from nanoattn.model.positional.rope import RotaryPositionalEncoding
-from nanoattn.model.positional.sinusoidal import SinusoidalPositionalEncoding, sinusoidal_table
+from nanoattn.positional.alibi import ALiBiPositionalEncoding, alibi_slopes
+from nanoattn.positional.base import PositionalEncoding
+from nanoattn.positional.learned import LearnedPositionalEncoding
+from nanoattn.positional.nope import NoPositionalEncoding
+from nanoattn.positional.rope import RotaryPositionalEncoding
+from nanoattn.positional.sinusoidal import SinusoidalPositionalEncoding, sinusoidal_table
 
 REGISTRY: dict[str, type[PositionalEncoding]] = {
     "sinusoidal": SinusoidalPositionalEncoding,

@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from nanoattn.model.positional.base import PositionalEncoding
+from nanoattn.positional.base import PositionalEncoding
 
 
 def sinusoidal_table(positions: torch.Tensor, d_model: int) -> torch.Tensor:

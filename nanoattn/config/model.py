@@ -1,0 +1,129 @@
+"""The model's schema: ``ModelConfig`` and the named presets.
+
+Every field is validated in ``__post_init__`` with a one-line ``ValueError`` naming the field,
+the bad value and what is allowed. The positional registry is imported (it sits below this
+layer) so that ``pos`` is checked against the encodings that exist, and a RoPE scaling is
+normalised by the same pure function the model uses.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from nanoattn.positional import REGISTRY
+from nanoattn.positional.rope_scaling import normalize_rope_scaling
+from nanoattn.validation import as_float, check_choice, check_positive_int, fail, from_dict
+
+NORMS = ("layernorm", "rmsnorm")
+MLPS = ("gelu", "swiglu")
+
+
+@dataclass
+class ModelConfig:
+    """A decoder-only GPT. Defaults give a small LLaMA-style model that trains on a CPU."""
+
+    vocab_size: int = 2048
+    d_model: int = 128
+    n_layer: int = 4
+    n_head: int = 4
+    n_kv_head: int | None = None  # None = n_head (MHA); a divisor of n_head (GQA); 1 (MQA)
+    d_ff: int | None = None  # None = 4*d_model (gelu) or 8/3*d_model rounded up to ffn_multiple_of (swiglu)
+    ffn_multiple_of: int = 256  # LLaMA's rounding of the SwiGLU width
+    max_seq_len: int = 256  # training context; the learned table's size
+    pos: str = "rope"  # sinusoidal | learned | rope | alibi | nope
+    rope_theta: float = 10000.0
+    rope_scaling: dict[str, Any] | None = None  # None or {"type": ..., "factor": ..., ...}
+    norm: str = "rmsnorm"  # layernorm | rmsnorm
+    norm_eps: float = 1e-5
+    mlp: str = "swiglu"  # gelu | swiglu
+    bias: bool = False  # biases in every linear layer and LayerNorm
+    tie_embeddings: bool = True
+    dropout: float = 0.0
+    init_std: float = 0.02
+
+    def __post_init__(self) -> None:
+        own = "model"
+        for name in ("vocab_size", "d_model", "n_layer", "n_head", "max_seq_len", "ffn_multiple_of"):
+            check_positive_int(own, name, getattr(self, name))
+        if self.n_kv_head is None:
+            self.n_kv_head = self.n_head
+        check_positive_int(own, "n_kv_head", self.n_kv_head)
+        if self.n_head % self.n_kv_head:
+            fail(own, "n_kv_head", self.n_kv_head,
+                  f"must divide n_head={self.n_head} (MHA: n_kv_head=n_head, MQA: 1)")
+        if self.d_model % self.n_head:
+            fail(own, "d_model", self.d_model, f"must be divisible by n_head={self.n_head}")
+        check_choice(own, "pos", self.pos, tuple(REGISTRY))
+        check_choice(own, "norm", self.norm, NORMS)
+        check_choice(own, "mlp", self.mlp, MLPS)
+        if self.d_ff is not None:
+            check_positive_int(own, "d_ff", self.d_ff)
+        if self.pos == "rope" and self.head_dim % 2:
+            fail(own, "d_model", self.d_model,
+                  f"pos='rope' needs an even head_dim, got d_model/n_head={self.head_dim}")
+        if as_float(self.rope_theta) <= 0:
+            fail(own, "rope_theta", self.rope_theta, "must be a positive number")
+        if not (isinstance(self.dropout, (int, float)) and 0.0 <= self.dropout < 1.0):
+            fail(own, "dropout", self.dropout, "must be in [0, 1)")
+        if not (isinstance(self.norm_eps, (int, float)) and self.norm_eps > 0):
+            fail(own, "norm_eps", self.norm_eps, "must be a positive number")
+        if not (isinstance(self.init_std, (int, float)) and self.init_std > 0):
+            fail(own, "init_std", self.init_std, "must be a positive number")
+        if self.rope_scaling is not None:
+            if self.pos != "rope":
+                fail(own, "rope_scaling", dict(self.rope_scaling),
+                      f"only applies to pos='rope', this model has pos={self.pos!r}")
+            self.rope_scaling = normalize_rope_scaling(self.rope_scaling, self.max_seq_len)
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_head
+
+    @property
+    def ffn_dim(self) -> int:
+        if self.d_ff is not None:
+            return self.d_ff
+        if self.mlp == "gelu":
+            return 4 * self.d_model
+        hidden = int(2 * 4 * self.d_model / 3)
+        return self.ffn_multiple_of * math.ceil(hidden / self.ffn_multiple_of)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> ModelConfig:
+        return from_dict(cls, values, owner="model")
+
+
+
+# Model presets, the one source: scripts register them as Hydra's `model` group; tests count parameters.
+PRESETS: dict[str, dict[str, Any]] = {
+    # GPT-2 small (Radford et al. 2019): 124,439,808 parameters with tied embeddings.
+    "gpt2-small": dict(vocab_size=50257, d_model=768, n_layer=12, n_head=12, max_seq_len=1024,
+                       pos="learned", norm="layernorm", mlp="gelu", bias=True, tie_embeddings=True),
+    # LLaMA-7B shape (Touvron et al. 2023): 6,738,415,616 parameters.
+    "llama-7b": dict(vocab_size=32000, d_model=4096, n_layer=32, n_head=32, max_seq_len=2048,
+                     pos="rope", norm="rmsnorm", mlp="swiglu", bias=False, tie_embeddings=False,
+                     norm_eps=1e-6),
+    # CPU-sized presets (the defaults of the Hydra configs).
+    "gpt-tiny": dict(vocab_size=2048, d_model=128, n_layer=4, n_head=4, d_ff=512, max_seq_len=256,
+                     pos="learned", norm="layernorm", mlp="gelu", bias=True, tie_embeddings=True),
+    "llama-tiny": dict(vocab_size=2048, d_model=128, n_layer=4, n_head=4, n_kv_head=2, d_ff=384,
+                       max_seq_len=256, pos="rope", norm="rmsnorm", mlp="swiglu", bias=False,
+                       tie_embeddings=True),
+    "llama-small": dict(vocab_size=4096, d_model=384, n_layer=6, n_head=6, n_kv_head=2, d_ff=1024,
+                        max_seq_len=256, pos="rope", norm="rmsnorm", mlp="swiglu", bias=False,
+                        tie_embeddings=False),
+}
+
+
+def preset(name: str, **overrides: Any) -> ModelConfig:
+    """A ModelConfig from a named preset, with field overrides."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown model preset {name!r}; allowed: {' | '.join(PRESETS)}")
+    return ModelConfig(**{**PRESETS[name], **overrides})

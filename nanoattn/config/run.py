@@ -1,0 +1,238 @@
+"""The schema of a training run: data, tokenizer, training loop, logger, and ``RunConfig``.
+
+Like ``ModelConfig``, every dataclass validates itself in ``__post_init__`` with one-line errors.
+Building a config never touches the disk: ``train.init_from`` is resolved by ``train()``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from nanoattn.config.model import ModelConfig
+from nanoattn.runtime import DEVICES
+from nanoattn.validation import (
+    as_float,
+    check_bool,
+    check_choice,
+    check_non_negative_int,
+    check_positive_int,
+    check_text,
+    fail,
+    from_dict,
+)
+
+TOKENIZER_TYPES = ("bpe", "char", "byte")
+CORPORA = ("shakespeare", "text", "hf")
+
+
+@dataclass
+class TokenizerConfig:
+    """How text becomes token ids (see nanoattn/data/tokenizer.py)."""
+
+    type: str = "bpe"  # bpe (byte-level, trained on the training split) | char | byte
+    vocab_size: int = 2048  # bpe only, special tokens included; char and byte sizes follow from the data
+
+    def __post_init__(self) -> None:
+        own = "data.tokenizer"
+        check_choice(own, "type", self.type, TOKENIZER_TYPES)
+        check_positive_int(own, "vocab_size", self.vocab_size)
+        if self.type == "bpe" and self.vocab_size < 257:
+            fail(own, "vocab_size", self.vocab_size,
+                  "byte-level BPE needs at least 257 (256 byte tokens + <|endoftext|>)")
+
+
+@dataclass
+class DataConfig:
+    """A corpus prepared into ``<root>/<name>/`` (see nanoattn/data/prepare.py)."""
+
+    name: str = "shakespeare"  # folder under root; one prepared corpus per name
+    corpus: str = "shakespeare"  # shakespeare | text | hf
+    tokenizer: TokenizerConfig = dataclasses.field(default_factory=TokenizerConfig)
+    root: str = "data"  # relative paths resolve against the current working directory
+    paths: list[str] = dataclasses.field(default_factory=list)  # text: files or folders, one document a file
+    val_fraction: float = 0.1  # text, and hf without val_split: share of documents held out
+    hf_name: str | None = None  # hf: hub dataset id, e.g. "roneneldan/TinyStories"
+    hf_config: str | None = None  # hf: dataset configuration name, if it has several
+    text_field: str = "text"  # hf: the column holding each document's text
+    train_split: str = "train"  # hf
+    val_split: str | None = None  # hf: None holds out val_fraction of train_split
+    seed: int = 0  # seeded choice of validation documents (text, hf without val_split)
+
+    def __post_init__(self) -> None:
+        own = "data"
+        check_text(own, "name", self.name)
+        if self.name.startswith(".") or any(sep in self.name for sep in "/\\"):
+            fail(own, "name", self.name, "must be a plain folder name (no '/', not starting with '.')")
+        check_choice(own, "corpus", self.corpus, CORPORA)
+        if isinstance(self.tokenizer, Mapping):
+            self.tokenizer = from_dict(TokenizerConfig, self.tokenizer, owner="data.tokenizer")
+        if not isinstance(self.tokenizer, TokenizerConfig):
+            fail(own, "tokenizer", self.tokenizer, "must be a TokenizerConfig or a mapping")
+        check_text(own, "root", self.root)
+        if not isinstance(self.paths, (list, tuple)) or not all(isinstance(p, str) and p for p in self.paths):
+            fail(own, "paths", self.paths, "must be a list of file or folder paths")
+        self.paths = list(self.paths)
+        if self.corpus == "text" and not self.paths:
+            fail(own, "paths", self.paths, "corpus='text' needs at least one file or folder")
+        if not 0.0 < as_float(self.val_fraction) < 1.0:
+            fail(own, "val_fraction", self.val_fraction, "must be in (0, 1)")
+        if self.corpus == "hf":
+            check_text(own, "hf_name", self.hf_name)
+        for name in ("text_field", "train_split"):
+            check_text(own, name, getattr(self, name))
+        for name in ("hf_config", "val_split"):
+            if getattr(self, name) is not None:
+                check_text(own, name, getattr(self, name))
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            fail(own, "seed", self.seed, "must be a non-negative integer")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> DataConfig:
+        return from_dict(cls, values, owner="data")
+
+
+SCHEDULES = ("cosine", "wsd", "constant")
+# float16 is not offered for training: without loss scaling its gradients underflow.
+TRAIN_DTYPES = ("auto", "float32", "bfloat16")
+LOGGERS = ("console", "wandb", "none")
+
+
+@dataclass
+class TrainConfig:
+    """The training loop (nanoattn/train/loop.py). Defaults are the tuned CPU run of ``make train``."""
+
+    seq_len: int | None = None  # None = model.max_seq_len
+    batch_size: int = 8  # sequences per process and micro-step
+    grad_accum: int = 1  # micro-steps per optimizer step; global batch = batch_size * grad_accum * world_size
+    max_steps: int = 2000  # optimizer steps
+    lr: float = 3e-3  # peak learning rate
+    min_lr: float | None = None  # None = lr / 10; the end of the cosine / WSD decay
+    warmup_steps: int = 100  # linear warmup from lr / warmup_steps to lr
+    schedule: str = "cosine"  # cosine | wsd (warmup-stable-decay) | constant
+    decay_fraction: float = 0.2  # wsd: share of max_steps spent decaying to min_lr (1-sqrt shape)
+    weight_decay: float = 0.1  # AdamW, on matmul weights only
+    decay_embeddings: bool = False  # also decay token / position embeddings (norms and biases never)
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0  # max global gradient norm; 0 = no clipping
+    eval_interval: int = 250  # evaluate every this many steps and at the end; 0 = only at the end
+    eval_steps: int = 20  # validation batches (batch_size x world_size fixed windows each) per evaluation
+    log_interval: int = 10  # steps per metrics.jsonl train record (train_loss is their mean)
+    ckpt_interval: int = 500  # checkpoint every this many steps (and at the end); 0 = only at the end
+    keep_last: int | None = 2  # checkpoints kept; None = all
+    seed: int = 0  # model init, dropout and the training batches
+    dtype: str = "auto"  # float32 | bfloat16 (autocast, fp32 master weights) | auto (bf16 where fast)
+    compile: bool = False  # torch.compile the model (tens of seconds to compile on a CPU)
+    device: str = "auto"  # auto (cuda > mps > cpu) | cpu | cuda | mps
+    resume: Any = False  # false | true (latest checkpoint in out_dir) | a checkpoint or run directory
+    # A checkpoint or run directory: its weights, a fresh optimizer, step 0. With resume, the run's own
+    # checkpoint wins and init_from only shapes the model, so a fine-tune resumes with its own command.
+    init_from: str | None = None
+    passkey_fraction: float = 0.0  # share of each training batch made of passkey samples (eval/passkey.py)
+
+    def __post_init__(self) -> None:
+        own = "train"
+        for name in ("batch_size", "grad_accum", "max_steps", "eval_steps", "log_interval"):
+            check_positive_int(own, name, getattr(self, name))
+        for name in ("warmup_steps", "eval_interval", "ckpt_interval", "seed"):
+            check_non_negative_int(own, name, getattr(self, name))
+        if self.seq_len is not None:
+            check_positive_int(own, "seq_len", self.seq_len)
+        if self.keep_last is not None:
+            check_positive_int(own, "keep_last", self.keep_last)
+        if not as_float(self.lr) > 0:
+            fail(own, "lr", self.lr, "must be a positive number")
+        if self.min_lr is None:  # 12 digits: config.yaml shows 0.0003, not 0.00030000000000000003
+            self.min_lr = float(f"{self.lr / 10:.12g}")
+        if not 0 <= as_float(self.min_lr) <= self.lr:
+            fail(own, "min_lr", self.min_lr, f"must be in [0, lr={self.lr}]")
+        check_choice(own, "schedule", self.schedule, SCHEDULES)
+        if not 0 < as_float(self.decay_fraction) <= 1:
+            fail(own, "decay_fraction", self.decay_fraction, "must be in (0, 1]")
+        for name in ("weight_decay", "grad_clip"):
+            if not as_float(getattr(self, name)) >= 0:
+                fail(own, name, getattr(self, name), "must be a non-negative number")
+        for name in ("beta1", "beta2"):
+            if not 0 <= as_float(getattr(self, name)) < 1:
+                fail(own, name, getattr(self, name), "must be in [0, 1)")
+        for name in ("decay_embeddings", "compile"):
+            check_bool(own, name, getattr(self, name))
+        check_choice(own, "dtype", self.dtype, TRAIN_DTYPES)
+        check_choice(own, "device", self.device, DEVICES)
+        if not isinstance(self.resume, bool):
+            check_text(own, "resume", self.resume)
+        if self.init_from is not None:
+            check_text(own, "init_from", self.init_from)
+        if not 0 <= as_float(self.passkey_fraction) <= 1:
+            fail(own, "passkey_fraction", self.passkey_fraction, "must be in [0, 1]")
+
+
+@dataclass
+class LoggerConfig:
+    """Where metrics go besides ``metrics.jsonl``, which is always written (nanoattn/logging.py)."""
+
+    type: str = "console"  # console (progress bar) | wandb (console too; offline unless logged in) | none
+    project: str = "nanoattn"  # wandb project
+    entity: str | None = None  # wandb entity (team or user); None = the account's default
+    name: str | None = None  # wandb run name; None = the run directory's name
+    tags: list[str] = dataclasses.field(default_factory=list)  # wandb tags
+
+    def __post_init__(self) -> None:
+        own = "logger"
+        check_choice(own, "type", self.type, LOGGERS)
+        check_text(own, "project", self.project)
+        for name in ("entity", "name"):
+            if getattr(self, name) is not None:
+                check_text(own, name, getattr(self, name))
+        if not isinstance(self.tags, (list, tuple)) or not all(isinstance(t, str) for t in self.tags):
+            fail(own, "tags", self.tags, "must be a list of strings")
+        self.tags = list(self.tags)
+
+
+@dataclass
+class RunConfig:
+    """One training run: what ``scripts/train.py`` composes and ``nanoattn.train.train`` runs.
+
+    With ``train.init_from``, the model's shape comes from that checkpoint and only the fields in
+    ``nanoattn.checkpoint.INIT_OVERRIDABLE`` are taken from ``model`` (see docs/training.md).
+    """
+
+    out_dir: str = "runs/default"  # the run directory (config.yaml, metrics.jsonl, checkpoints/)
+    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    data: DataConfig = dataclasses.field(default_factory=DataConfig)
+    train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+    logger: LoggerConfig = dataclasses.field(default_factory=LoggerConfig)
+
+    def __post_init__(self) -> None:
+        check_text("run", "out_dir", self.out_dir)
+        for name, cls in (("data", DataConfig), ("train", TrainConfig), ("logger", LoggerConfig)):
+            if isinstance(getattr(self, name), Mapping):
+                setattr(self, name, from_dict(cls, getattr(self, name), owner=name))
+        if isinstance(self.model, Mapping):
+            self.model = ModelConfig.from_dict(self.model)
+        for name, cls in (("model", ModelConfig), ("data", DataConfig), ("train", TrainConfig),
+                          ("logger", LoggerConfig)):
+            if not isinstance(getattr(self, name), cls):
+                fail("run", name, getattr(self, name), f"must be a {cls.__name__} or a mapping")
+        if self.model.pos == "learned" and self.seq_len > self.model.max_seq_len:
+            fail("train", "seq_len", self.train.seq_len,
+                  f"must be at most model.max_seq_len={self.model.max_seq_len} with pos='learned' "
+                  "(the position table has no rows past it)")
+
+    @property
+    def seq_len(self) -> int:
+        """The training context: train.seq_len, or model.max_seq_len when that is None."""
+        return self.train.seq_len or self.model.max_seq_len
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> RunConfig:
+        return from_dict(cls, values, owner="run")

@@ -1,0 +1,119 @@
+"""Runtime policy every entry point shares: device choice, the autocast dtype, atomic writes.
+
+- One device vocabulary (``auto | cpu | cuda | mps``; ``cuda:1`` too) and one rule for ``auto``:
+  cuda, else mps, else cpu. An explicit device must exist.
+- One dtype vocabulary (``auto | float32 | bfloat16 | float16``). Weights stay float32; any
+  other dtype is autocast. ``auto`` takes bfloat16 where the hardware computes it natively:
+  a CUDA GPU that supports it, or a CPU with AMX (``amx_bf16``) or AVX512-BF16
+  (``avx512_bf16``) read from /proc/cpuinfo. Elsewhere bf16 is emulated and slower than float32.
+- Atomic writes: a file is written beside its target under a dot-name and renamed over it, so a
+  reader (or a kill at any instant) sees the old content or the new, never a torn file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+
+import torch
+
+from nanoattn.validation import fail
+
+DEVICES = ("auto", "cpu", "cuda", "mps")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+def check_device_name(owner: str, name: str, value: object) -> None:
+    """A device string: one of DEVICES, or cuda:<index>."""
+    if isinstance(value, str) and (value in DEVICES or (value.startswith("cuda:") and value[5:].isdigit())):
+        return
+    fail(owner, name, value, "allowed: " + " | ".join(DEVICES) + " | cuda:<index>")
+
+
+def pick_device(name: str, key: str = "device") -> torch.device:
+    """auto: cuda, else mps, else cpu; an explicit device must be available (``key`` names the option)."""
+    available = {"cpu": True, "cuda": torch.cuda.is_available(), "mps": torch.backends.mps.is_available()}
+    if name == "auto":
+        name = next(n for n in ("cuda", "mps", "cpu") if available[n])
+    kind = name.partition(":")[0]
+    if kind not in available:
+        raise ValueError(f"{key}={name!r} is invalid: allowed: " + " | ".join(DEVICES) + " | cuda:<index>")
+    if not available[kind]:
+        raise ValueError(f"{key}={name!r} is invalid: no {kind} device on this machine; allowed: "
+                         + " | ".join(["auto"] + [n for n, ok in available.items() if ok]))
+    return torch.device(name)
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags from /proc/cpuinfo (empty where it does not exist)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            line = next((ln for ln in f if ln.startswith("flags")), "")
+    except OSError:
+        return set()
+    return set(line.partition(":")[2].split())
+
+
+def autocast_dtype(dtype: str, device: torch.device) -> tuple[torch.dtype | None, str]:
+    """(the autocast dtype, or None for plain float32; why) for a dtype name on ``device``."""
+    if dtype != "auto":
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype={dtype!r} is invalid: allowed: " + " | ".join(DTYPES))
+        if dtype == "float32":
+            return None, "float32 (dtype=float32)"
+        return getattr(torch, dtype), f"{dtype} autocast (dtype={dtype})"
+    if device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return torch.bfloat16, "bfloat16 autocast (auto: the GPU supports bf16)"
+    if device.type == "cpu":
+        fast = sorted(cpu_flags() & {"amx_bf16", "avx512_bf16"})
+        if fast:
+            return torch.bfloat16, f"bfloat16 autocast (auto: the CPU has {' and '.join(fast)})"
+    return None, f"float32 (auto: no fast bf16 on this {device.type})"
+
+
+def autocast(device: torch.device, dtype: torch.dtype | None):
+    """The autocast context for ``dtype`` (None: float32, with any enclosing autocast switched off)."""
+    if dtype is None or dtype == torch.float32:
+        return torch.autocast(device.type, enabled=False)
+    return torch.autocast(device.type, dtype=dtype)
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for queued GPU work, so a timer or memory reading sees it finished."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def temporary_sibling(path: Path, tag: str = "tmp") -> Path:
+    """A dot-name beside ``path``, unique to this process: readers skip it, cleaners recognise it."""
+    return path.with_name(f".{path.name}.{tag}{os.getpid()}")
+
+
+def fsync_dir(path: Path) -> None:
+    """Make the renames inside ``path`` durable (a no-op where directories cannot be opened)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: str | Path, data: str | bytes) -> Path:
+    """Write ``data`` to ``path`` through a temporary sibling and a rename; durable once it returns."""
+    path = Path(path)
+    tmp = temporary_sibling(path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+    fsync_dir(path.parent)
+    return path

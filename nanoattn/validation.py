@@ -1,0 +1,70 @@
+"""The checks every config and entry point shares, each raising a one-line ``ValueError``.
+
+A message names the field (``owner.name``), the bad value and what is allowed, so a user's
+mistake reads the same wherever it is caught.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from typing import Any, NoReturn
+
+
+def fail(owner: str, name: str, value: Any, allowed: str) -> NoReturn:
+    raise ValueError(f"{owner}.{name}={value!r} is invalid: {allowed}")
+
+
+def check_choice(owner: str, name: str, value: Any, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        fail(owner, name, value, "allowed: " + " | ".join(choices))
+
+
+def is_int(value: Any) -> bool:
+    """An int that is not a bool (YAML's true would otherwise pass as 1)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_positive_int(owner: str, name: str, value: Any) -> None:
+    if not is_int(value) or value <= 0:
+        fail(owner, name, value, "must be a positive integer")
+
+
+def check_non_negative_int(owner: str, name: str, value: Any) -> None:
+    if not is_int(value) or value < 0:
+        fail(owner, name, value, "must be a non-negative integer")
+
+
+def check_bool(owner: str, name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        fail(owner, name, value, "must be true or false")
+
+
+def check_text(owner: str, name: str, value: Any) -> None:
+    if not isinstance(value, str) or not value.strip():
+        fail(owner, name, value, "must be a non-empty string")
+
+
+def as_float(value: Any) -> float:
+    """A number for range checks; non-numbers become NaN so every comparison fails."""
+    if isinstance(value, bool):
+        return math.nan
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def from_dict(cls, values: Mapping[str, Any] | None, owner: str | None = None):
+    """Build dataclass ``cls`` from a mapping, naming any unknown key in a one-line error."""
+    if values is not None and not isinstance(values, Mapping):
+        raise ValueError(f"{owner or cls.__name__}={values!r} is invalid: must be a mapping of its fields")
+    values = dict(values or {})
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - names)
+    if unknown:
+        where = owner or cls.__name__
+        raise ValueError(f"unknown key(s) {', '.join(where + '.' + str(k) for k in unknown)}; "
+                         f"allowed: {', '.join(sorted(names))}")
+    return cls(**values)

@@ -1,0 +1,59 @@
+"""Runtime policy: device choice, the autocast dtype from the CPU's flags, atomic writes."""
+
+import os
+
+import pytest
+import torch
+
+from nanoattn import runtime
+
+
+def test_auto_dtype_follows_the_cpu_flags(monkeypatch):
+    cpu = torch.device("cpu")
+    for fast in ({"avx2", "amx_bf16", "amx_tile"}, {"avx512f", "avx512_bf16"}):
+        monkeypatch.setattr(runtime, "cpu_flags", lambda fast=fast: fast)
+        assert runtime.autocast_dtype("auto", cpu)[0] is torch.bfloat16
+    monkeypatch.setattr(runtime, "cpu_flags", lambda: {"avx2", "avx512f", "avx512bw"})
+    assert runtime.autocast_dtype("auto", cpu)[0] is None
+    assert runtime.autocast_dtype("bfloat16", cpu)[0] is torch.bfloat16
+    assert runtime.autocast_dtype("float16", cpu)[0] is torch.float16
+    assert runtime.autocast_dtype("float32", cpu)[0] is None
+    with pytest.raises(ValueError, match=r"dtype='half' is invalid: allowed: auto \| float32"):
+        runtime.autocast_dtype("half", cpu)
+
+
+def test_float32_switches_an_enclosing_autocast_off():
+    a, b = torch.randn(4, 4), torch.randn(4, 4)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert (a @ b).dtype is torch.bfloat16
+        with runtime.autocast(torch.device("cpu"), None):
+            assert (a @ b).dtype is torch.float32
+
+
+def test_an_unavailable_device_is_a_one_line_error(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match=r"train\.device='cuda' is invalid: no cuda device"):
+        runtime.pick_device("cuda", "train.device")
+    with pytest.raises(ValueError, match=r"device='tpu' is invalid: allowed: auto \| cpu"):
+        runtime.pick_device("tpu")
+    assert runtime.pick_device("cpu") == torch.device("cpu")
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    assert runtime.pick_device("auto") == torch.device("cpu")
+
+
+def test_write_atomic_replaces_whole_and_leaves_no_temporary(tmp_path, monkeypatch):
+    target = tmp_path / "f.txt"
+    runtime.write_atomic(target, "old\n")
+    real_replace = os.replace
+
+    def killed(*args):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", killed)
+    with pytest.raises(OSError):
+        runtime.write_atomic(target, "new\n")
+    monkeypatch.setattr(os, "replace", real_replace)
+    assert target.read_text() == "old\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.txt"]
+    runtime.write_atomic(target, b"new\n")
+    assert target.read_text() == "new\n"
