@@ -15,7 +15,10 @@ install: .install-stamp
 train: install
 	$(PYTHON) scripts/train.py
 
+# The layer contract (pyproject.toml), the linter, then the suite.
 test: install
+	lint-imports
+	$(PYTHON) -m ruff check .
 	$(PYTHON) -m pytest
 
 lint: install

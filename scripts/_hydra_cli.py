@@ -15,14 +15,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import hydra
 from hydra.core.config_store import ConfigStore
+from hydra.core.hydra_config import HydraConfig
 from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import (
@@ -33,9 +36,11 @@ from omegaconf.errors import (
 )
 
 from nanoattn.config import PRESETS
+from nanoattn.train import TrainingDiverged
 from nanoattn.validation import from_dict
 
-CONFIG_PATH = "../configs"
+# Absolute: hydra.main resolves a relative path against the module that calls it, which is this one.
+CONFIG_PATH = str(Path(__file__).resolve().parent.parent / "configs")
 # Mappings whose keys depend on a choice (each RoPE scaling type has its own parameters), so
 # they are null in the configs; ``rope_scaling.type=yarn`` then means ``+rope_scaling.type=yarn``.
 OPEN_MAPPINGS = ("rope_scaling.",)
@@ -104,26 +109,34 @@ def is_main_rank() -> bool:
     return os.environ.get("RANK", "0") == "0"
 
 
-def guarded(main: Callable[[], Any], errors: tuple[type[BaseException], ...] = ()) -> None:
-    """Call ``main`` (a ``@hydra.main`` function); every user error exits with one ``error:`` line.
+@contextlib.contextmanager
+def one_line_errors(errors: tuple[type[BaseException], ...] = ()) -> Iterator[None]:
+    """Turn a user's error into one ``error:`` line and a non-zero exit.
 
     User errors are ValueErrors (bad values, bad files: CheckpointError, DataError), OSErrors (a
-    path that cannot be read or written) and ``errors``; anything else is a bug and keeps its traceback.
+    path that cannot be read or written), Hydra's composition errors, Ctrl-C and ``errors``;
+    anything else is a bug and keeps its traceback. Used inside the ``@hydra.main`` function too,
+    since Hydra prints a report of its own for an exception that leaves it.
     """
-    os.environ["HYDRA_FULL_ERROR"] = "1"  # let Hydra's exceptions reach us instead of printing them
-    sys.argv[1:] = ["+" + arg if arg.startswith(OPEN_MAPPINGS) else arg for arg in sys.argv[1:]]
+    code = 1
     try:
-        main()
+        yield
+        return
     except (HydraException, OmegaConfBaseException) as e:
         message = one_line(e)
     except (ValueError, OSError, *errors) as e:
         message = str(e).splitlines()[0] if str(e) else type(e).__name__
     except KeyboardInterrupt:
         message, code = "interrupted", 130
-        sys.exit(f"error: {message}" if is_main_rank() else code)
-    else:
-        return
-    sys.exit(f"error: {message}" if is_main_rank() else 1)
+    sys.exit(f"error: {message}" if is_main_rank() else code)
+
+
+def guarded(main: Callable[[], Any], errors: tuple[type[BaseException], ...] = ()) -> None:
+    """Call ``main`` (a ``@hydra.main`` function) with every user error one line."""
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # let Hydra's exceptions reach us instead of printing them
+    sys.argv[1:] = ["+" + arg if arg.startswith(OPEN_MAPPINGS) else arg for arg in sys.argv[1:]]
+    with one_line_errors(errors):
+        main()
 
 
 def to_values(cfg: DictConfig) -> dict[str, Any]:
@@ -136,6 +149,32 @@ def command(name: str, schema: type, run: Callable[[Any], Any]) -> Callable[[], 
 
     @hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name=name)
     def main(cfg: DictConfig) -> None:
-        run(from_dict(schema, to_values(cfg), owner=name))
+        with one_line_errors():
+            run(from_dict(schema, to_values(cfg), owner=name))
 
     return lambda: guarded(main)
+
+
+def training_command(name: str, schema: dict[str, Any],
+                     run: Callable[[dict[str, Any]], Any]) -> Callable[[], None]:
+    """The whole script of a training entry point (train, extend_context) for ``configs/<name>.yaml``.
+
+    The run directory is Hydra's output directory (configs/hydra/run.yaml: ``out_dir``, or
+    ``<out_dir>/<job>`` in a sweep); ``run`` gets the composed values with ``out_dir`` set to it.
+    """
+    register_schema(f"{name}_schema", schema)
+    register_presets()
+
+    @hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name=name)
+    def main(cfg: DictConfig) -> None:
+        hydra_dir = Path(HydraConfig.get().runtime.output_dir)
+        try:
+            with one_line_errors((TrainingDiverged,)):
+                run({**to_values(cfg), "out_dir": str(hydra_dir)})
+        finally:
+            # Hydra creates its output directory before we run; drop it if it stayed empty (a failed
+            # start, a resume that continues another directory, or a torchrun rank whose ${now:} differed).
+            with contextlib.suppress(OSError):
+                hydra_dir.rmdir()
+
+    return lambda: guarded(main, (TrainingDiverged,))

@@ -31,7 +31,8 @@ from typing import Any
 
 from nanoattn.checkpoint import read_checkpoint_config, trained_length, with_original_length
 from nanoattn.config import RunConfig
-from nanoattn.train.loop import resolve_init_from, train
+from nanoattn.train.loop import train
+from nanoattn.train.run_dir import resolve_init_from
 
 # The model fields an extension sets; everything else is the checkpoint's.
 EXTENSION_FIELDS = ("rope_scaling", "max_seq_len")

@@ -22,32 +22,26 @@ Design choices:
   slower than float32.
 - Under torchrun (DDP), rank 0 chooses the run directory and writes every file; each rank draws
   its own slice of the global batch and its own dropout stream; checkpoints gather all ranks'
-  RNG states. Only the loss goes through DDP's forward (``_LossModule``), so DDP syncs gradients.
+  RNG states. Only the loss goes through DDP's forward (``step.LossModule``), so DDP syncs gradients.
 - SIGINT / SIGTERM: the current step finishes, a checkpoint is written and ``train`` returns.
   A second signal interrupts immediately.
 """
 
 from __future__ import annotations
 
-import contextlib
-import copy
 import dataclasses
 import math
 import signal
 import threading
 import time
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 import yaml
-from torch import nn
 
 from nanoattn.checkpoint import (
     CheckpointError,
-    init_model_config,
-    list_checkpoints,
     load_trainer_state,
     load_weights,
     read_checkpoint_config,
@@ -55,7 +49,7 @@ from nanoattn.checkpoint import (
     resolve_checkpoint,
     save_checkpoint,
 )
-from nanoattn.config import ModelConfig, RunConfig
+from nanoattn.config import RunConfig
 from nanoattn.data import TokenData, bits_per_byte, ensure_prepared, load_tokenizer
 from nanoattn.eval.passkey import PasskeyMix
 from nanoattn.logging import make_logger, note, truncate_metrics
@@ -63,14 +57,8 @@ from nanoattn.model import GPT
 from nanoattn.runtime import autocast, autocast_dtype, pick_device
 from nanoattn.train import distributed
 from nanoattn.train.optim import lr_at, make_optimizer
-
-# Keys that may differ between a run and its resumption: where and how long it runs, how it is
-# watched, and how fast it computes. Everything else (model, data, optimisation, seed) must match.
-# train.batch_size may change only with the world size, keeping batch_size * world_size.
-RESUME_MAY_CHANGE = ("out_dir", "train.max_steps", "train.resume", "train.eval_interval",
-                     "train.eval_steps", "train.log_interval", "train.ckpt_interval", "train.keep_last",
-                     "train.compile", "train.device", "train.dtype", "train.batch_size", "data.root",
-                     "logger.")
+from nanoattn.train.run_dir import check_same_run, locate_run, read_run_config, resolve_init_from
+from nanoattn.train.step import optimizer_step, wrap_for_training
 
 
 class TrainingDiverged(RuntimeError):
@@ -100,31 +88,6 @@ def train(cfg: RunConfig | dict[str, Any]) -> Path:
         distributed.shutdown(dist)
 
 
-def resolve_init_from(cfg: RunConfig | Mapping[str, Any]) -> RunConfig:
-    """A copy of ``cfg`` (ours to adjust) whose model, with ``train.init_from``, is the checkpoint's."""
-    if isinstance(cfg, RunConfig):
-        values = copy.deepcopy(cfg.to_dict())
-    else:
-        values = copy.deepcopy(dict(cfg))
-    init_from = (values.get("train") or {}).get("init_from")
-    if init_from:
-        model = values.get("model") or {}
-        model = model.to_dict() if isinstance(model, ModelConfig) else dict(model)
-        values["model"] = init_model_config(init_from, model).to_dict()
-    return RunConfig.from_dict(values)
-
-
-class _LossModule(nn.Module):
-    """model.loss as a forward(), the only call DDP sees, so it can sync gradients."""
-
-    def __init__(self, model: GPT) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return self.model.loss(x, y)
-
-
 class _StopSignals:
     """Turns the first SIGINT/SIGTERM into a flag; a second one gets the original behaviour."""
 
@@ -147,36 +110,6 @@ class _StopSignals:
     def __exit__(self, *exc: Any) -> None:
         for sig, old in self._old.items():
             signal.signal(sig, old)
-
-
-def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in tree.items():
-        if isinstance(value, dict) and value and key != "rope_scaling":
-            out.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
-
-
-def _same(a: Any, b: Any) -> bool:
-    """Equal, or floats equal up to rounding (a derived value may be printed with fewer digits)."""
-    numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (a, b))
-    return a == b or (numbers and math.isclose(a, b, rel_tol=1e-9))
-
-
-def check_same_run(saved: dict[str, Any], current: dict[str, Any], where: Path) -> None:
-    """Raise a one-line ValueError naming the keys where ``current`` differs from the run in ``where``."""
-    old, new = _flatten(saved), _flatten(current)
-    differ = [k for k in sorted(set(old) | set(new))
-              if not any(k == m or (m.endswith(".") and k.startswith(m)) for m in RESUME_MAY_CHANGE)
-              and not _same(old.get(k), new.get(k))]
-    if differ:
-        shown = "; ".join(f"{k}={old.get(k)!r} there, {new.get(k)!r} now" for k in differ[:4])
-        more = f"; +{len(differ) - 4} more" if len(differ) > 4 else ""
-        allowed = ", ".join(k + "*" if k.endswith(".") else k for k in RESUME_MAY_CHANGE)
-        raise ValueError(f"out_dir {str(where)!r} holds a different run: {shown}{more} "
-                         f"(only these may change on resume: {allowed})")
 
 
 def _fmt_duration(seconds: float) -> str:
@@ -227,41 +160,13 @@ class _Run:
         else:
             self.say(f"model.vocab_size={given}: the tokenizer's vocabulary")
 
-    def _locate(self) -> tuple[Path, Path | None]:
-        """(run directory, checkpoint to resume or None); raises before anything is written."""
-        out_dir = Path(self.cfg.out_dir)
-        resume = self.t.resume
-        if resume is False:
-            if (out_dir / "config.yaml").exists():
-                raise ValueError(f"out_dir {str(out_dir)!r} already holds a run: continue it with "
-                                 "train.resume=true, or choose another out_dir")
-            return out_dir, None
-        if resume is True:
-            if not (out_dir / "config.yaml").exists():
-                raise ValueError(f"train.resume=true but out_dir {str(out_dir)!r} holds no run "
-                                 "(no config.yaml); set out_dir to the run directory to continue")
-            ckpt_root = out_dir / "checkpoints"
-            if not (ckpt_root / "latest").exists() and not list_checkpoints(ckpt_root):
-                return out_dir, None  # killed before its first checkpoint: start again from step 0
-            return out_dir, resolve_checkpoint(out_dir)
-        ckpt = resolve_checkpoint(resume)
-        run_dir = ckpt.parent.parent
-        if not (run_dir / "config.yaml").exists():
-            raise ValueError(f"train.resume={resume!r}: {ckpt} is not inside a run directory "
-                             f"(no {run_dir / 'config.yaml'}); train.init_from starts a new run from it")
-        latest = resolve_checkpoint(run_dir)
-        if latest.resolve() != ckpt.resolve():
-            raise ValueError(f"train.resume={resume!r} is older than its run's latest checkpoint "
-                             f"{latest.name}: continuing it would mix two trajectories; delete the newer "
-                             "checkpoints first, or use train.init_from with a new out_dir")
-        return run_dir, ckpt
-
     # ------------------------------------------------------------------ run
 
     def run(self) -> Path:
         cfg, t, d = self.cfg, self.t, self.dist
         torch.manual_seed(t.seed)  # the same initial weights on every rank
-        run_dir, ckpt = distributed.broadcast_object(d, self._locate() if d.is_main else None)
+        located = locate_run(cfg.out_dir, t.resume) if d.is_main else None
+        run_dir, ckpt = distributed.broadcast_object(d, located)
         run_dir = Path(run_dir)
         data = self._prepare_data()
         self._fit_vocab(data)
@@ -273,7 +178,7 @@ class _Run:
         if d.is_main:
             saved = dataclasses.replace(cfg, out_dir=str(run_dir)).to_dict()
             if (run_dir / "config.yaml").exists():
-                check_same_run(self._read_config(run_dir), saved, run_dir)
+                check_same_run(read_run_config(run_dir), saved, run_dir)
             run_dir.mkdir(parents=True, exist_ok=True)
             remove_stale_temps(run_dir / "checkpoints")
             (run_dir / "config.yaml").write_text(yaml.safe_dump(saved, sort_keys=False))
@@ -300,12 +205,7 @@ class _Run:
                          "a fresh optimizer, step 0")
         self._seed_rngs(state)
 
-        net: nn.Module = _LossModule(model)
-        if d.enabled:
-            net = nn.parallel.DistributedDataParallel(
-                net, device_ids=[self.device.index] if self.device.type == "cuda" else None)
-        if t.compile:
-            net = torch.compile(net)
+        net = wrap_for_training(model, ddp=d.enabled, compile=t.compile, device=self.device)
 
         self.model, self.net, self.optimizer, self.data = model, net, optimizer, data
         self.run_dir, self.ckpt_root = run_dir, run_dir / "checkpoints"
@@ -329,15 +229,6 @@ class _Run:
             self.say(f"stopped at step {step}; continue with the same command and "
                      f"out_dir={run_dir} train.resume=true")
         return run_dir
-
-    def _read_config(self, run_dir: Path) -> dict[str, Any]:
-        try:
-            saved = yaml.safe_load((run_dir / "config.yaml").read_text())
-        except (OSError, yaml.YAMLError) as e:
-            raise ValueError(f"{run_dir / 'config.yaml'} is unreadable: {str(e).splitlines()[0]}") from None
-        if not isinstance(saved, dict):
-            raise ValueError(f"{run_dir / 'config.yaml'} is not a run config (a YAML mapping)")
-        return saved
 
     def _check_resumable(self, state: dict[str, Any], ckpt: Path) -> None:
         missing = [k for k in ("step", "optimizer", "rng", "window", "world_size") if k not in state]
@@ -398,26 +289,17 @@ class _Run:
                            max_steps=t.max_steps, schedule=t.schedule, decay_fraction=t.decay_fraction)
                 for group in self.optimizer.param_groups:
                     group["lr"] = lr
-                for micro in range(t.grad_accum):
-                    x, y = self.data.train_batch(step, batch_size=t.batch_size, seq_len=self.seq_len,
+                batches = [self.data.train_batch(step, batch_size=t.batch_size, seq_len=self.seq_len,
                                                  seed=t.seed, micro_step=micro, rank=d.rank,
-                                                 world_size=d.world_size)  # [B, T] each
-                    x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
-                    last = micro == t.grad_accum - 1
-                    # DDP all-reduces gradients only on the last micro-step of an update.
-                    sync = contextlib.nullcontext() if last or not d.enabled else self.net.no_sync()
-                    with sync:
-                        with self.autocast():
-                            loss = self.net(x, y)
-                        (loss / t.grad_accum).backward()
-                    loss_sum += loss.detach().float()
-                    count += 1
-                # The norm is computed (and checked) even without clipping: max_norm=inf scales by 1.
-                grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(),
-                                                           t.grad_clip if t.grad_clip > 0 else math.inf)
+                                                 world_size=d.world_size) for micro in range(t.grad_accum)]
+                batches = [(x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True))
+                           for x, y in batches]  # [B, T] each
+                losses, grad_norm = optimizer_step(self.net, self.model, self.optimizer, batches,
+                                                   grad_clip=t.grad_clip, autocast=self.autocast,
+                                                   ddp=d.enabled)
+                loss_sum += losses
+                count += t.grad_accum
                 bad |= ~torch.isfinite(grad_norm)
-                self.optimizer.step()
-                self.optimizer.zero_grad(set_to_none=True)
                 step += 1
 
                 final = step == t.max_steps

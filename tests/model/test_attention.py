@@ -4,9 +4,8 @@ import math
 
 import pytest
 import torch
-import torch.nn.functional as F
 
-from nanoattn import GPT, ModelConfig
+from nanoattn import GPT, KVCache, ModelConfig
 from nanoattn.model import Attention
 from nanoattn.model import attention as attention_module
 from nanoattn.positional import build_positional
@@ -65,10 +64,16 @@ def test_gqa_equals_mha_with_kv_weights_repeated_per_group(n_kv_head):
     torch.testing.assert_close(run(gqa, gqa_cfg, x), run(mha, mha_cfg, x), atol=1e-5, rtol=1e-5)
 
 
-def test_mqa_is_gqa_with_one_kv_head():
-    cfg = ModelConfig(d_model=64, n_head=8, n_kv_head=1)
-    attn = Attention(cfg)
-    assert attn.qkv.out_features == 64 + 2 * cfg.head_dim
+@pytest.mark.parametrize("n_kv_head", [8, 2, 1])
+def test_the_kv_cache_shrinks_by_n_head_over_n_kv_head(n_kv_head):
+    cfg = ModelConfig(vocab_size=50, d_model=64, n_layer=2, n_head=8, n_kv_head=n_kv_head)
+    model = GPT(cfg).eval()
+    cache = KVCache(cfg, batch_size=1, capacity=16)
+    with torch.no_grad():
+        model(torch.randint(0, 50, (1, 16)), cache=cache)
+    mha_bytes = 2 * cfg.n_layer * 16 * cfg.d_model * 4  # K and V, every layer, 16 tokens, float32
+    assert cache.nbytes * (8 // n_kv_head) == mha_bytes
+    assert cache.k.shape == (2, 1, n_kv_head, 16, cfg.head_dim)
 
 
 def test_attention_without_positions_or_mask_is_permutation_equivariant():
@@ -122,7 +127,7 @@ def test_alibi_bias_chunks_stay_below_the_materialised_bound(monkeypatch):
     cfg = ModelConfig(vocab_size=50, d_model=32, n_layer=1, n_head=4, pos="alibi")
     with torch.no_grad():
         GPT(cfg).eval()(torch.randint(0, 50, (1, 1024)))
-    assert max(built) <= 1 << 16 < 4 * 1024 * 1024
+    assert max(built) <= 1 << 16  # the whole [4 heads, 1024, 1024] bias would be 64x that
     assert len(built) == 1024 // ((1 << 16) // (4 * 1024))
 
 
@@ -135,9 +140,3 @@ def test_sdpa_fast_path_matches_manual_softmax_in_model():
         slow, weights = model.attention_maps(idx)
     torch.testing.assert_close(fast, slow, atol=1e-5, rtol=1e-5)
     assert len(weights) == 2 and weights[0].shape == (2, 4, 16, 16)
-
-
-def test_sdpa_scale_is_one_over_sqrt_head_dim():
-    q, k, v = torch.randn(1, 1, 3, 16), torch.randn(1, 1, 3, 16), torch.randn(1, 1, 3, 16)
-    manual = torch.softmax(q @ k.transpose(-2, -1) / 4.0, dim=-1) @ v
-    torch.testing.assert_close(F.scaled_dot_product_attention(q, k, v), manual)

@@ -10,7 +10,7 @@ import pytest
 import torch
 import yaml
 
-import nanoattn.train.loop as loop
+import nanoattn.train.step as step
 from nanoattn import load_checkpoint
 from nanoattn.checkpoint import CheckpointError, load_trainer_state
 from nanoattn.config import RunConfig
@@ -66,7 +66,7 @@ def test_a_larger_vocab_is_kept_as_padding(tmp_path, tiny_config):
 
 def _inject(monkeypatch, on_call, action):
     """Run ``action(loss)`` on the on_call-th training micro-batch (1-based)."""
-    original = loop._LossModule.forward
+    original = step.LossModule.forward
     calls = {"n": 0}
 
     def forward(self, x, y):
@@ -74,7 +74,7 @@ def _inject(monkeypatch, on_call, action):
         loss = original(self, x, y)
         return action(loss) if calls["n"] >= on_call else loss
 
-    monkeypatch.setattr(loop._LossModule, "forward", forward)
+    monkeypatch.setattr(step.LossModule, "forward", forward)
     return calls
 
 

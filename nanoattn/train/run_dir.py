@@ -1,0 +1,110 @@
+"""The run directory: where a run lives, whether a resumption is the same run.
+
+``locate_run`` decides, before anything is written, which directory a run writes and which
+checkpoint it resumes; ``check_same_run`` refuses to continue a run under a different config
+(only the keys in ``RESUME_MAY_CHANGE`` may differ).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from nanoattn.checkpoint import init_model_config, list_checkpoints, resolve_checkpoint
+from nanoattn.config import ModelConfig, RunConfig
+
+# Keys that may differ between a run and its resumption: where and how long it runs, how it is
+# watched, and how fast it computes. Everything else (model, data, optimisation, seed) must match.
+# train.batch_size may change only with the world size, keeping batch_size * world_size.
+RESUME_MAY_CHANGE = ("out_dir", "train.max_steps", "train.resume", "train.eval_interval",
+                     "train.eval_steps", "train.log_interval", "train.ckpt_interval", "train.keep_last",
+                     "train.compile", "train.device", "train.dtype", "train.batch_size", "data.root",
+                     "logger.")
+
+
+def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value and key != "rope_scaling":
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal, or floats equal up to rounding (a derived value may be printed with fewer digits)."""
+    numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (a, b))
+    return a == b or (numbers and math.isclose(a, b, rel_tol=1e-9))
+
+
+def check_same_run(saved: dict[str, Any], current: dict[str, Any], where: Path) -> None:
+    """Raise a one-line ValueError naming the keys where ``current`` differs from the run in ``where``."""
+    old, new = _flatten(saved), _flatten(current)
+    differ = [k for k in sorted(set(old) | set(new))
+              if not any(k == m or (m.endswith(".") and k.startswith(m)) for m in RESUME_MAY_CHANGE)
+              and not _same(old.get(k), new.get(k))]
+    if differ:
+        shown = "; ".join(f"{k}={old.get(k)!r} there, {new.get(k)!r} now" for k in differ[:4])
+        more = f"; +{len(differ) - 4} more" if len(differ) > 4 else ""
+        allowed = ", ".join(k + "*" if k.endswith(".") else k for k in RESUME_MAY_CHANGE)
+        raise ValueError(f"out_dir {str(where)!r} holds a different run: {shown}{more} "
+                         f"(only these may change on resume: {allowed})")
+
+
+def locate_run(out_dir: str | Path, resume: bool | str) -> tuple[Path, Path | None]:
+    """(run directory, checkpoint to resume or None); raises before anything is written."""
+    out_dir = Path(out_dir)
+    if resume is False:
+        if (out_dir / "config.yaml").exists():
+            raise ValueError(f"out_dir {str(out_dir)!r} already holds a run: continue it with "
+                             "train.resume=true, or choose another out_dir")
+        return out_dir, None
+    if resume is True:
+        if not (out_dir / "config.yaml").exists():
+            raise ValueError(f"train.resume=true but out_dir {str(out_dir)!r} holds no run "
+                             "(no config.yaml); set out_dir to the run directory to continue")
+        ckpt_root = out_dir / "checkpoints"
+        if not (ckpt_root / "latest").exists() and not list_checkpoints(ckpt_root):
+            return out_dir, None  # killed before its first checkpoint: start again from step 0
+        return out_dir, resolve_checkpoint(out_dir)
+    ckpt = resolve_checkpoint(resume)
+    run_dir = ckpt.parent.parent
+    if not (run_dir / "config.yaml").exists():
+        raise ValueError(f"train.resume={resume!r}: {ckpt} is not inside a run directory "
+                         f"(no {run_dir / 'config.yaml'}); train.init_from starts a new run from it")
+    latest = resolve_checkpoint(run_dir)
+    if latest.resolve() != ckpt.resolve():
+        raise ValueError(f"train.resume={resume!r} is older than its run's latest checkpoint "
+                         f"{latest.name}: continuing it would mix two trajectories; delete the newer "
+                         "checkpoints first, or use train.init_from with a new out_dir")
+    return run_dir, ckpt
+
+
+def read_run_config(run_dir: Path) -> dict[str, Any]:
+    try:
+        saved = yaml.safe_load((run_dir / "config.yaml").read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise ValueError(f"{run_dir / 'config.yaml'} is unreadable: {str(e).splitlines()[0]}") from None
+    if not isinstance(saved, dict):
+        raise ValueError(f"{run_dir / 'config.yaml'} is not a run config (a YAML mapping)")
+    return saved
+
+
+def resolve_init_from(cfg: RunConfig | Mapping[str, Any]) -> RunConfig:
+    """A copy of ``cfg`` (ours to adjust) whose model, with ``train.init_from``, is the checkpoint's."""
+    if isinstance(cfg, RunConfig):
+        values = copy.deepcopy(cfg.to_dict())
+    else:
+        values = copy.deepcopy(dict(cfg))
+    init_from = (values.get("train") or {}).get("init_from")
+    if init_from:
+        model = values.get("model") or {}
+        model = model.to_dict() if isinstance(model, ModelConfig) else dict(model)
+        values["model"] = init_model_config(init_from, model).to_dict()
+    return RunConfig.from_dict(values)

@@ -1,0 +1,61 @@
+"""One optimizer update, the code the training loop runs and ``nanoattn.bench`` times.
+
+``LossModule`` puts ``GPT.loss`` behind a ``forward``, the only call DDP sees, so DDP syncs the
+gradients; ``wrap_for_training`` adds DDP and torch.compile as the run asks. ``optimizer_step``
+runs the micro-batches of one update (DDP all-reduces only on the last one), clips the global
+gradient norm and steps. Nothing here synchronises with the device: the loss sum and the norm
+stay tensors, read by the caller once per log window.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from nanoattn.model import GPT
+
+
+class LossModule(nn.Module):
+    """model.loss as a forward()."""
+
+    def __init__(self, model: GPT) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return self.model.loss(x, y)
+
+
+def wrap_for_training(model: GPT, *, ddp: bool, compile: bool, device: torch.device) -> nn.Module:
+    net: nn.Module = LossModule(model)
+    if ddp:
+        net = nn.parallel.DistributedDataParallel(
+            net, device_ids=[device.index] if device.type == "cuda" else None)
+    if compile:
+        net = torch.compile(net)
+    return net
+
+
+def optimizer_step(net: nn.Module, model: GPT, optimizer: torch.optim.Optimizer,
+                   micro_batches: Sequence[tuple[torch.Tensor, torch.Tensor]], *, grad_clip: float,
+                   autocast: Callable[[], Any], ddp: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """One update over ``micro_batches`` (x, y [B, T] each): (sum of their float32 losses, grad norm)."""
+    loss_sum = torch.zeros((), device=micro_batches[0][0].device)
+    last = len(micro_batches) - 1
+    for i, (x, y) in enumerate(micro_batches):
+        sync = net.no_sync() if ddp and i < last else contextlib.nullcontext()
+        with sync:
+            with autocast():
+                loss = net(x, y)
+            (loss / len(micro_batches)).backward()
+        loss_sum += loss.detach().float()
+    # The norm is computed (and checked by the caller) even without clipping: max_norm=inf scales by 1.
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip if grad_clip > 0 else math.inf)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss_sum, grad_norm
