@@ -1,8 +1,9 @@
 """The benchmark's code paths on tiny shapes: what each section compares, never how fast it is.
 
 Speed is only ever measured by ``scripts/bench.py``; these tests check that the comparisons are
-of like with like (the same loss from both implementations, identical greedy tokens, the same
-training step as the run's) and that every section and the command line run.
+of like with like (the same loss from both implementations, identical greedy tokens, the training
+loop's own step), that every section, the config and the command line run, and that mistakes
+are one-line errors naming the key.
 """
 
 from __future__ import annotations
@@ -15,35 +16,43 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 import yaml
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from omegaconf import OmegaConf
 
-from nanoattn.bench import EVAL_POSITIONS, BenchOptions, format_table, read_run_rate, run_sections
+import nanoattn.bench.e2e
+import nanoattn.bench.train
+from nanoattn.bench import (
+    EVAL_POSITIONS,
+    SECTIONS,
+    BenchConfig,
+    format_table,
+    read_run_rate,
+    run_bench,
+    run_sections,
+)
 from nanoattn.config import ModelConfig, RunConfig
+from nanoattn.train import step
+from nanoattn.validation import from_dict
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+from _hydra_cli import register_schema  # noqa: E402  (scripts/ is not a package)
+
 TINY = dict(vocab_size=96, d_model=32, n_layer=2, n_head=4, n_kv_head=2, d_ff=64, max_seq_len=16)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny ops on a shared 2-core machine: a second torch thread spin-waits (here 10x slower)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def tiny_options(**overrides) -> BenchOptions:
+def tiny_config(**overrides) -> BenchConfig:
     values = dict(quick=True, reps=1, model=ModelConfig(**TINY, tie_embeddings=False), batch_size=2,
                   seq_len=16, decode_model=ModelConfig(**TINY), e2e_seconds=0.0)
-    return BenchOptions(**{**values, **overrides})
+    return BenchConfig(**{**values, **overrides})
 
 
 def write_run(run: Path, rates: list[float]) -> None:
     """A run directory as scripts/train.py writes it: config.yaml and one metrics record per window."""
     cfg = RunConfig(model=ModelConfig(**TINY), train={"batch_size": 2, "seq_len": 16, "grad_accum": 2,
-                                                      "dtype": "float32"})
+                                                      "dtype": "float32", "grad_clip": 0.5})
     run.mkdir()
     (run / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict()))
     records = [{"step": 10 * (i + 1), "train_loss": 4.0, "lr": 1e-3, "tokens": 640 * (i + 1), "tok_per_s": r}
@@ -54,7 +63,7 @@ def write_run(run: Path, rates: list[float]) -> None:
 
 def test_every_section_runs_and_compares_like_with_like(tmp_path):
     write_run(tmp_path / "run", [10.0, 500.0, 300.0, 400.0])
-    rows = run_sections(["train", "mfu", "decode", "eval", "e2e"], tiny_options(run=str(tmp_path / "run")))
+    rows = run_sections(["train", "mfu", "decode", "eval", "e2e"], tiny_config(run=str(tmp_path / "run")))
 
     train = rows["train"]
     assert [(r["impl"], r["dtype"]) for r in train] == [(impl, dtype) for dtype in ("float32", "bfloat16")
@@ -87,6 +96,25 @@ def test_every_section_runs_and_compares_like_with_like(tmp_path):
     assert e2e["script_vs_step"] == pytest.approx(400.0 / e2e["step_tok_per_s"])
 
 
+def test_train_and_e2e_time_the_training_loops_own_step(tmp_path, monkeypatch):
+    """Both call nanoattn.train.step.optimizer_step; e2e with the run's micro-batches and clipping."""
+    calls = []
+
+    def spy(net, model, optimizer, micro_batches, **options):
+        calls.append((tuple(tuple(x.shape) for x, _ in micro_batches), options["grad_clip"], type(net)))
+        return step.optimizer_step(net, model, optimizer, micro_batches, **options)
+
+    for module in (nanoattn.bench.train, nanoattn.bench.e2e):
+        monkeypatch.setattr(module, "optimizer_step", spy)
+    write_run(tmp_path / "run", [10.0, 500.0, 300.0, 400.0])
+    run_sections(["e2e"], tiny_config(run=str(tmp_path / "run")))
+    # The net is wrap_for_training's, as in the loop; 2 micro-batches of [2, 16], the run's grad_clip.
+    assert calls and set(calls) == {(((2, 16), (2, 16)), 0.5, step.LossModule)}
+    calls.clear()
+    run_sections(["train"], tiny_config())
+    assert {net.__name__ for _, _, net in calls} == {"LossModule", "TwinLoss"}
+
+
 def test_run_rate_leaves_out_the_first_window(tmp_path):
     write_run(tmp_path / "run", [10.0, 500.0, 300.0, 400.0])
     cfg, rate, windows = read_run_rate(tmp_path / "run")
@@ -94,27 +122,67 @@ def test_run_rate_leaves_out_the_first_window(tmp_path):
     assert (rate, windows) == (400.0, 3)
 
 
+def test_run_rate_skips_a_torn_last_line(tmp_path):
+    """A run killed while writing a record leaves half a line; the complete records still count."""
+    write_run(tmp_path / "run", [10.0, 500.0, 300.0, 400.0])
+    with open(tmp_path / "run" / "metrics.jsonl", "a") as f:
+        f.write('{"step": 50, "train_loss": 4.0, "tok_per_')
+    assert read_run_rate(tmp_path / "run")[1:] == (400.0, 3)
+
+
 def test_decode_without_a_transformers_counterpart_says_why():
     alibi = ModelConfig(**{**TINY, "n_layer": 1, "pos": "alibi"})
-    [*_, last] = run_sections(["decode"], tiny_options(decode_model=alibi))["decode"]
+    [*_, last] = run_sections(["decode"], tiny_config(decode_model=alibi))["decode"]
     assert "comparison skipped: model.pos='alibi' has no transformers counterpart" in last["impl"]
 
 
 def test_e2e_without_a_run_is_skipped_with_a_note():
-    assert "skipped" in run_sections(["e2e"], tiny_options())["e2e"][0]["note"]
+    assert "skipped" in run_sections(["e2e"], tiny_config())["e2e"][0]["note"]
 
 
-def test_bad_options_are_one_line_errors(tmp_path):
-    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench.py"), "--only", "e2e", "--run",
-                           str(tmp_path)], capture_output=True, text=True, timeout=120)
+def test_run_bench_writes_the_rows_with_their_settings(tmp_path, capsys):
+    run_bench(tiny_config(only=["e2e"], out=str(tmp_path / "bench.json")))
+    written = json.loads((tmp_path / "bench.json").read_text())
+    assert written["sections"]["e2e"][0]["section"] == "e2e"
+    assert (written["settings"]["only"], written["settings"]["reps"]) == (["e2e"], 1)
+    assert {"threads", "load_average", "torch", "cpu"} <= set(written["settings"])
+    assert "note" in capsys.readouterr().out  # the table of each section is printed as it ends
+
+
+def test_the_yaml_states_no_default_and_overrides_reach_the_config():
+    register_schema("bench_schema", BenchConfig)
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+            def build(*overrides: str) -> BenchConfig:
+                values = OmegaConf.to_container(compose("bench", overrides=list(overrides)), resolve=True)
+                return from_dict(BenchConfig, values, owner="bench")
+
+            assert build() == BenchConfig()
+            quick = build("only=[train,mfu]", "quick=true", "out=bench.json", "model=llama-tiny")
+            assert quick == BenchConfig(only=["train", "mfu"], quick=True, out="bench.json",
+                                        model="llama-tiny")
+    finally:
+        GlobalHydra.instance().clear()
+    # Every section runs by default; quick fills the repetitions and e2e's time unless they are given.
+    assert sorted(BenchConfig().only) == sorted(SECTIONS)
+    assert (quick.reps, quick.e2e_seconds, quick.model.max_seq_len) == (3, 10.0, 256)
+
+
+def test_bad_options_are_one_line_errors(tmp_path, monkeypatch):
+    command = [sys.executable, str(ROOT / "scripts" / "bench.py"), "only=[e2e]", f"run={tmp_path}"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert done.returncode == 1 and done.stderr == (f"error: bench.run={str(tmp_path)!r} is invalid: no "
                                                     "config.yaml (pass a run directory)\n")
-    script = runpy.run_path(str(ROOT / "scripts" / "bench.py"))  # the same main(), in this process
-    for args, message in ((["--only", "eval", "--dtype", "float16"], "bench.dtype='float16' is invalid"),
-                          (["--model", "nope"], "unknown model preset 'nope'")):
+    for args, message in ((["only=[nope]"], "bench.only='nope' is invalid: allowed: "),
+                          (["only=[eval]", "dtype=float16"], "bench.dtype='float16' is invalid"),
+                          (["model=nope"], "bench.model='nope' is invalid"),
+                          (["reps=0"], "bench.reps=0 is invalid"),
+                          (["speed=1"], "unknown key 'speed'")):
+        monkeypatch.setattr(sys, "argv", ["bench.py", *args])
         with pytest.raises(SystemExit, match=f"^error: {message}"):
-            script["main"](args)
-    with pytest.raises(ValueError, match="bench.reps=0 is invalid"):
-        BenchOptions(reps=0)
-    with pytest.raises(ValueError, match="bench section 'speed' is unknown"):
-        run_sections(["speed"], BenchOptions())
+            runpy.run_path(str(ROOT / "scripts" / "bench.py"), run_name="__main__")  # main(), in process
+    with pytest.raises(ValueError, match="bench.threads=0 is invalid"):
+        BenchConfig(threads=0)
+    with pytest.raises(ValueError, match="bench.only='speed' is invalid"):
+        run_sections(["speed"], BenchConfig())
