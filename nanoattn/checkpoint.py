@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
@@ -37,13 +38,16 @@ from typing import Any, NamedTuple
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file, safe_open, save_file
+from tokenizers import Tokenizer
 
 from nanoattn.config import ModelConfig
 from nanoattn.model import GPT
 from nanoattn.runtime import temporary_sibling, write_atomic
+from nanoattn.validation import is_int
 
 LATEST = "latest"
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")  # a checkpoint's name: no separators
 CHECKPOINTS = "checkpoints"  # <run dir>/checkpoints/<name>/
 FORMAT_VERSION = "1"
 # Model fields a run started with train.init_from takes from its own config; every other field
@@ -77,13 +81,39 @@ def save_checkpoint(
     trainer_state: Mapping[str, Any] | None = None,
     keep_last: int | None = None,
 ) -> Path:
-    """Write ``ckpt_root/name`` atomically, point ``latest`` at it, then prune old ones."""
+    """Write ``ckpt_root/name`` atomically, point ``latest`` at it, then prune old ones.
+
+    A failure (a full disk, a read-only folder) removes the partial copy, leaves the previous
+    checkpoint and ``latest`` as they were, and raises an OSError naming the checkpoint.
+    """
     ckpt_root = Path(ckpt_root)
-    ckpt_root.mkdir(parents=True, exist_ok=True)
     final = ckpt_root / name
     tmp = temporary_sibling(final)
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
+    try:
+        ckpt_root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        _write_files(tmp, model, train_seq_len=train_seq_len, step=step, tokenizer_file=tokenizer_file,
+                     trainer_state=trainer_state)
+        if final.exists():  # re-saving the same step: move the old copy aside, never delete it first
+            old = temporary_sibling(final, "old")
+            os.replace(final, old)
+            os.replace(tmp, final)
+            shutil.rmtree(old)
+        else:
+            os.replace(tmp, final)
+        write_atomic(ckpt_root / LATEST, name + "\n")
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise OSError(f"could not save checkpoint {final} ({e.strerror or e}); the previous checkpoint "
+                      "is intact") from None
+    if keep_last is not None:
+        prune_checkpoints(ckpt_root, keep_last)
+    return final
+
+
+def _write_files(tmp: Path, model: GPT, *, train_seq_len: int, step: int, tokenizer_file: str | Path | None,
+                 trainer_state: Mapping[str, Any] | None) -> None:
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
     if model.cfg.tie_embeddings:
         state.pop("lm_head.weight")
@@ -95,25 +125,9 @@ def save_checkpoint(
         shutil.copyfile(tokenizer_file, tmp / "tokenizer.json")
     if trainer_state is not None:
         torch.save(dict(trainer_state), tmp / "trainer_state.pt")
-    _fsync_files(tmp)
-    if final.exists():  # re-saving the same step: move the old copy aside, never delete it first
-        old = temporary_sibling(final, "old")
-        os.replace(final, old)
-        os.replace(tmp, final)
-        shutil.rmtree(old)
-    else:
-        os.replace(tmp, final)
-    write_atomic(ckpt_root / LATEST, name + "\n")
-    if keep_last is not None:
-        prune_checkpoints(ckpt_root, keep_last)
-    return final
-
-
-def _fsync_files(path: Path) -> None:
-    for file in path.iterdir():
+    for file in tmp.iterdir():
         with open(file, "rb") as f:
             os.fsync(f.fileno())
-
 
 
 def _step_of(path: Path) -> int | None:
@@ -124,24 +138,51 @@ def _step_of(path: Path) -> int | None:
 
 
 def list_checkpoints(ckpt_root: Path) -> list[Path]:
-    """Complete checkpoints (a readable config.json with a step), oldest first by step."""
-    found = [p for p in ckpt_root.iterdir() if p.is_dir() and not p.name.startswith(".")
-             and (p / "model.safetensors").exists() and _step_of(p) is not None] if ckpt_root.is_dir() else []
+    """Complete checkpoints (a readable config.json with a step), oldest first by step.
+
+    Only real directories count: a symlink inside ``checkpoints/`` is never read nor pruned.
+    """
+    if not ckpt_root.is_dir():
+        return []
+    dirs = [p for p in ckpt_root.iterdir() if p.is_dir() and not (p.is_symlink() or p.name.startswith("."))]
+    found = [p for p in dirs if (p / "model.safetensors").exists() and _step_of(p) is not None]
     return sorted(found, key=_step_of)
 
 
 def remove_stale_temps(ckpt_root: Path) -> None:
     """Delete the temporary directories and files of saves that were killed mid-way."""
     for p in ckpt_root.glob(".*.tmp*") if ckpt_root.is_dir() else []:
-        shutil.rmtree(p) if p.is_dir() else p.unlink()
+        shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
 
 
 def prune_checkpoints(ckpt_root: Path, keep_last: int) -> None:
     """Delete all but the newest ``keep_last`` checkpoints (never the one ``latest`` names)."""
-    latest = (ckpt_root / LATEST).read_text().strip()
+    latest = latest_checkpoint(ckpt_root)
     for old in list_checkpoints(ckpt_root)[:-keep_last] if keep_last > 0 else []:
-        if old.name != latest:
+        if old != latest:
             shutil.rmtree(old)
+
+
+def latest_checkpoint(ckpt_root: Path) -> Path:
+    """The checkpoint ``ckpt_root/latest`` names, confined to ``ckpt_root``.
+
+    ``latest`` must be a plain file holding the name of a real (not symlinked) checkpoint
+    directory directly inside ``ckpt_root``; anything else is refused without echoing the
+    file's content, so a planted symlink can neither redirect a run nor leak a file.
+    """
+    pointer = ckpt_root / LATEST
+    if pointer.is_symlink() or not pointer.is_file():
+        raise CheckpointError(f"{pointer} is not a plain file naming a checkpoint of {ckpt_root}")
+    try:
+        name = pointer.read_text(errors="replace")[:256].strip()
+    except OSError as e:
+        raise CheckpointError(f"{pointer} is unreadable: {e.strerror}") from None
+    target = ckpt_root / name
+    if not _PLAIN_NAME.fullmatch(name) or target.is_symlink() or not target.is_dir():
+        raise CheckpointError(f"{pointer} does not name a checkpoint directory inside {ckpt_root}")
+    if not (target / "model.safetensors").is_file():
+        raise CheckpointError(f"{pointer} names {name!r}, which is not a complete checkpoint")
+    return target
 
 
 def resolve_checkpoint(path: str | Path) -> Path:
@@ -149,28 +190,31 @@ def resolve_checkpoint(path: str | Path) -> Path:
     path = Path(path)
     if not path.exists():
         raise CheckpointError(f"checkpoint {str(path)!r} does not exist")
-    if (path / "config.json").exists() and (path / "model.safetensors").exists():
-        if '"model_type"' in (path / "config.json").read_text():
+    if (path / "config.json").is_file() and (path / "model.safetensors").exists():
+        if '"model_type"' in (path / "config.json").read_text(errors="replace"):
             raise CheckpointError(f"{str(path)!r} is a transformers model folder, not a nanoattn checkpoint; "
                                   f"load it with nanoattn.hf.import_hf")
         return path
     for root in (path / CHECKPOINTS, path):
-        if (root / LATEST).exists():
-            name = (root / LATEST).read_text().strip()
-            if not (root / name / "model.safetensors").exists():
-                raise CheckpointError(f"{root / LATEST} names {name!r}, which is not a complete checkpoint")
-            return root / name
+        if (root / LATEST).exists() or (root / LATEST).is_symlink():
+            return latest_checkpoint(root)
     raise CheckpointError(f"{str(path)!r} is neither a checkpoint (model.safetensors + config.json) "
                           f"nor a run directory with checkpoints/latest")
 
 
 def read_checkpoint_config(path: str | Path) -> dict[str, Any]:
-    """The checkpoint's config.json as a dict."""
-    path = resolve_checkpoint(path)
+    """The checkpoint's config.json as a dict, its shape checked (one line naming the file)."""
+    file = resolve_checkpoint(path) / "config.json"
     try:
-        return json.loads((path / "config.json").read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{path / 'config.json'} is unreadable or not JSON: {e}") from None
+        meta = json.loads(file.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{file} is unreadable or not JSON: {e}") from None
+    if not isinstance(meta, dict) or not isinstance(meta.get("model"), dict):
+        raise CheckpointError(f"{file} is not a nanoattn checkpoint config: it needs a 'model' mapping")
+    for key in ("train_seq_len", "step"):
+        if key in meta and (not is_int(meta[key]) or meta[key] < 0):
+            raise CheckpointError(f"{file}: {key}={meta[key]!r} is invalid: must be a non-negative integer")
+    return meta
 
 
 def trained_length(meta: Mapping[str, Any]) -> int:
@@ -239,13 +283,13 @@ def load_checkpoint(
                              f"has pos={model_fields.get('pos')!r}")
         model_fields["rope_scaling"] = with_original_length(rope_scaling, meta)
     cfg = ModelConfig.from_dict(model_fields)
+    with torch.device("meta"):  # shapes without memory: a vocab_size of 1e9 costs nothing here
+        check_weights_file(path / "model.safetensors", GPT(cfg))
     with torch.device(device):
         model = GPT(cfg)
     load_weights(path, model)
     tokenizer = None
     if (path / "tokenizer.json").exists():
-        from tokenizers import Tokenizer
-
         try:
             tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
         except Exception as e:  # tokenizers raises a bare Exception for a malformed file
@@ -254,20 +298,49 @@ def load_checkpoint(
     return Checkpoint(model.eval(), tokenizer, cfg, path, trained_length(meta), int(meta.get("step", 0)))
 
 
+def check_weights_file(file: Path, model: GPT) -> None:
+    """Compare a safetensors file's header (names, shapes, dtypes) with ``model`` before reading a tensor.
+
+    ``model`` may live on the meta device. Checkpoints hold float32 weights only: another dtype
+    would be cast silently on load, so it is refused like a shape that does not fit.
+    """
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    if model.cfg.tie_embeddings:
+        expected.pop("lm_head.weight")
+    try:
+        with safe_open(file, framework="pt") as f:
+            header = {k: (tuple(f.get_slice(k).get_shape()), f.get_slice(k).get_dtype()) for k in f.keys()}
+    except (SafetensorError, OSError) as e:
+        raise CheckpointError(f"{file} is corrupt or unreadable: {e}") from None
+    missing, unexpected = sorted(set(expected) - set(header)), sorted(set(header) - set(expected))
+    if missing or unexpected:
+        raise CheckpointError(f"{file} does not match the model config: missing {missing[:3]}, "
+                              f"unexpected {unexpected[:3]}")
+    for name, shape in expected.items():
+        if header[name][0] != shape:
+            raise CheckpointError(f"{file} does not match the model config: {name} has shape "
+                                  f"{list(header[name][0])} in the file, {list(shape)} in the model")
+        if header[name][1] != "F32":
+            raise CheckpointError(f"{file}: {name} is {header[name][1]}, not float32 (F32); nanoattn "
+                                  "checkpoints hold float32 weights")
+
+
 def load_weights(path: str | Path, model: GPT) -> None:
-    """Copy a checkpoint's weights into ``model`` (same shapes, every tensor, strict)."""
+    """Copy a checkpoint's weights into ``model``: names, shapes and dtype checked first, then finiteness."""
     file = resolve_checkpoint(path) / "model.safetensors"
+    check_weights_file(file, model)
     device = next(model.parameters()).device
     try:
         state = load_file(file, device=str(device))
     except (SafetensorError, OSError) as e:
         raise CheckpointError(f"{file} is corrupt or unreadable: {e}") from None
-    if model.cfg.tie_embeddings and "tok_emb.weight" in state:
+    bad = [name for name, tensor in state.items() if not torch.isfinite(tensor).all()]
+    if bad:
+        raise CheckpointError(f"{file}: {bad[0]} holds NaN or infinite values"
+                              + (f" (and {len(bad) - 1} more tensors)" if len(bad) > 1 else ""))
+    if model.cfg.tie_embeddings:
         state["lm_head.weight"] = state["tok_emb.weight"]
-    try:
-        model.load_state_dict(state, strict=True)
-    except RuntimeError as e:
-        raise CheckpointError(f"{file} does not match the model config: {str(e).splitlines()[0]}") from None
+    model.load_state_dict(state, strict=True)
 
 
 def load_trainer_state(path: str | Path) -> dict[str, Any]:

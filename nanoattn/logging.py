@@ -29,6 +29,8 @@ from urllib.parse import urlparse
 from tqdm import tqdm
 
 from nanoattn.config import LoggerConfig
+from nanoattn.runtime import write_atomic
+from nanoattn.validation import is_int
 
 
 class Logger(Protocol):
@@ -56,13 +58,31 @@ class JsonlLogger:
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """The complete records of a metrics.jsonl (a torn last line is skipped)."""
+    """The records of a metrics.jsonl, each a JSON object with an integer ``step``.
+
+    A last line without its newline is a record torn by a kill and is skipped; anything else
+    that is not such a record is corruption, refused in one line naming the file and the line.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path} is unreadable: {e}") from None
+    lines = text.split("\n")
     records = []
-    for line in Path(path).read_text(encoding="utf-8").splitlines():
+    for number, line in enumerate(lines, start=1):
+        torn = number == len(lines)  # after the last newline: empty, or a record cut short
         try:
-            records.append(json.loads(line))
+            record = json.loads(line) if line.strip() else None
         except json.JSONDecodeError:
-            continue
+            if torn:
+                break
+            raise ValueError(f"{path}:{number} is not JSON (one JSON object a line)") from None
+        if record is None and torn:
+            break
+        if not isinstance(record, dict) or not is_int(record.get("step")):
+            raise ValueError(f"{path}:{number} is not a metrics record (a JSON object with an integer step)")
+        records.append(record)
     return records
 
 
@@ -71,10 +91,8 @@ def truncate_metrics(path: str | Path, step: int) -> None:
     path = Path(path)
     if not path.exists():
         return
-    kept = [r for r in read_metrics(path) if r.get("step", 0) <= step]
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text("".join(json.dumps(r, allow_nan=True) + "\n" for r in kept), encoding="utf-8")
-    os.replace(tmp, path)
+    kept = [r for r in read_metrics(path) if r["step"] <= step]
+    write_atomic(path, "".join(json.dumps(r, allow_nan=True) + "\n" for r in kept))
 
 
 def _fmt(value: float) -> str:

@@ -8,12 +8,17 @@
   (``avx512_bf16``) read from /proc/cpuinfo. Elsewhere bf16 is emulated and slower than float32.
 - Atomic writes: a file is written beside its target under a dot-name and renamed over it, so a
   reader (or a kill at any instant) sees the old content or the new, never a torn file.
+- Locks: ``exclusive_lock`` holds an advisory ``flock`` on a lock file for as long as a block
+  runs. The OS releases it when the process dies, however it dies, so a SIGKILLed run never
+  leaves a stale lock; the file holds the holder's PID only to name it in the refusal.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -117,3 +122,43 @@ def write_atomic(path: str | Path, data: str | bytes) -> Path:
             tmp.unlink()
     fsync_dir(path.parent)
     return path
+
+
+class LockedError(OSError):
+    """Another process holds the lock (the message names it)."""
+
+
+HOLDER_FILE = ".lock"  # inside a locked directory: the holder's PID, for the refusal's message only
+
+
+@contextlib.contextmanager
+def exclusive_lock(directory: str | Path, what: str, *, wait: bool = False) -> Iterator[None]:
+    """Hold an exclusive lock on ``directory`` (created if missing) while the block runs.
+
+    The lock is the directory's own inode, so no lock file ever has to be deleted (unlinking a
+    lock file races with a process that has just opened it). ``what`` names the guarded thing in
+    the refusal. Without ``wait`` a held lock raises ``LockedError`` at once, naming the holder's
+    PID; with ``wait`` this blocks until it is free.
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    holder = directory / HOLDER_FILE
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            try:
+                pid = holder.read_text().strip()
+            except OSError:
+                pid = "unknown"
+            raise LockedError(f"{what} is in use by process {pid or 'unknown'}; wait for it to finish "
+                              "or stop it first") from None
+        holder.write_text(f"{os.getpid()}\n")
+        try:
+            yield
+        finally:
+            with contextlib.suppress(OSError):
+                holder.unlink()
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock

@@ -36,7 +36,6 @@ from omegaconf.errors import (
 )
 
 from nanoattn.config import PRESETS
-from nanoattn.train import TrainingDiverged
 from nanoattn.validation import from_dict
 
 # Absolute: hydra.main resolves a relative path against the module that calls it, which is this one.
@@ -155,12 +154,13 @@ def command(name: str, schema: type, run: Callable[[Any], Any]) -> Callable[[], 
     return lambda: guarded(main)
 
 
-def training_command(name: str, schema: dict[str, Any],
-                     run: Callable[[dict[str, Any]], Any]) -> Callable[[], None]:
+def training_command(name: str, schema: dict[str, Any], run: Callable[[dict[str, Any]], Any],
+                     errors: tuple[type[BaseException], ...]) -> Callable[[], None]:
     """The whole script of a training entry point (train, extend_context) for ``configs/<name>.yaml``.
 
     The run directory is Hydra's output directory (configs/hydra/run.yaml: ``out_dir``, or
     ``<out_dir>/<job>`` in a sweep); ``run`` gets the composed values with ``out_dir`` set to it.
+    ``errors`` are the training errors that are the user's to fix (a diverged run).
     """
     register_schema(f"{name}_schema", schema)
     register_presets()
@@ -169,7 +169,7 @@ def training_command(name: str, schema: dict[str, Any],
     def main(cfg: DictConfig) -> None:
         hydra_dir = Path(HydraConfig.get().runtime.output_dir)
         try:
-            with one_line_errors((TrainingDiverged,)):
+            with one_line_errors(errors):
                 run({**to_values(cfg), "out_dir": str(hydra_dir)})
         finally:
             # Hydra creates its output directory before we run; drop it if it stayed empty (a failed
@@ -177,4 +177,4 @@ def training_command(name: str, schema: dict[str, Any],
             with contextlib.suppress(OSError):
                 hydra_dir.rmdir()
 
-    return lambda: guarded(main, (TrainingDiverged,))
+    return lambda: guarded(main, errors)

@@ -11,11 +11,12 @@ A user mistake ends in one ``error: ...`` line, not a traceback.
 from _hydra_cli import declared_defaults, training_command
 
 from nanoattn.config import RunConfig
+from nanoattn.train import TrainingDiverged
 from nanoattn.train.extend import EXTENSION_FIELDS, extend_context
 
 main = training_command("extend_context",
                         {**declared_defaults(RunConfig), "model": dict.fromkeys(EXTENSION_FIELDS)},
-                        extend_context)
+                        extend_context, (TrainingDiverged,))
 
 if __name__ == "__main__":
     main()

@@ -10,9 +10,9 @@ under ``torchrun`` (DDP) and ``-m`` (sweeps). The run directory is Hydra's outpu
 from _hydra_cli import declared_defaults, training_command
 
 from nanoattn.config import RunConfig
-from nanoattn.train import train
+from nanoattn.train import TrainingDiverged, train
 
-main = training_command("train", declared_defaults(RunConfig), train)
+main = training_command("train", declared_defaults(RunConfig), train, (TrainingDiverged,))
 
 if __name__ == "__main__":
     main()

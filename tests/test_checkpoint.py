@@ -3,9 +3,12 @@
 import json
 import os
 import pathlib
+import subprocess
+import sys
 
 import pytest
 import torch
+from safetensors.torch import save_file
 
 import nanoattn.checkpoint as ckpt_mod
 from nanoattn import GPT, ModelConfig, load_checkpoint
@@ -14,7 +17,6 @@ from nanoattn.checkpoint import (
     init_model_config,
     list_checkpoints,
     load_trainer_state,
-    remove_stale_temps,
     resolve_checkpoint,
     save_checkpoint,
 )
@@ -52,10 +54,7 @@ def test_a_save_failing_midway_leaves_the_previous_checkpoint_and_latest(tmp_pat
     assert [p.name for p in list_checkpoints(root)] == ["000001"]
     assert resolve_checkpoint(tmp_path) == root / "000001"
     assert _same_weights(load_checkpoint(tmp_path).model, first)
-    leftovers = [p.name for p in root.iterdir() if p.name.startswith(".")]
-    assert leftovers  # the half-written temporary directory, invisible to readers
-    remove_stale_temps(root)
-    assert sorted(p.name for p in root.iterdir()) == ["000001", "latest"]
+    assert sorted(p.name for p in root.iterdir()) == ["000001", "latest"]  # the partial copy is removed
 
 
 def test_a_leftover_temp_dir_of_a_killed_save_is_ignored(tmp_path):
@@ -126,7 +125,7 @@ def test_corrupt_and_missing_checkpoints_are_one_line_errors(tmp_path):
         load_trainer_state(path)
     (path / "latest").unlink(missing_ok=True)
     (tmp_path / "checkpoints" / "latest").write_text("000009\n")
-    with pytest.raises(CheckpointError, match="not a complete checkpoint"):
+    with pytest.raises(CheckpointError, match="does not name a checkpoint directory inside"):
         resolve_checkpoint(tmp_path)
 
 
@@ -169,3 +168,86 @@ def test_a_transformers_folder_or_a_corrupt_tokenizer_is_a_one_line_error(tmp_pa
     (ckpt / "tokenizer.json").write_text("{not json")
     with pytest.raises(CheckpointError, match=r"tokenizer\.json is corrupt"):
         load_checkpoint(ckpt)
+
+
+# ----------------------------------------------------------------------------- paths and sizes
+
+
+@pytest.mark.parametrize("pointer", ["../../other/checkpoints/000001", "/tmp", "000001/../../x", "a/000001"])
+def test_latest_names_a_checkpoint_of_this_run_only(tmp_path, pointer):
+    other = _save(tmp_path / "other" / "checkpoints", 1, _model(1))
+    run = tmp_path / "run" / "checkpoints"
+    _save(run, 2, _model(0))
+    (run / "latest").write_text(pointer + "\n")
+    with pytest.raises(CheckpointError, match=r"does not name a checkpoint directory inside .*checkpoints"):
+        resolve_checkpoint(tmp_path / "run")
+    assert other.is_dir()
+
+
+def test_a_symlinked_latest_or_checkpoint_is_refused_without_echoing_its_target(tmp_path):
+    secret = tmp_path / "secret.txt"
+    secret.write_text("password=hunter2\n")
+    root = tmp_path / "run" / "checkpoints"
+    _save(root, 1, _model(0))
+    (root / "latest").unlink()
+    (root / "latest").symlink_to(secret)
+    with pytest.raises(CheckpointError) as err:
+        resolve_checkpoint(tmp_path / "run")
+    assert "hunter2" not in str(err.value) and "is not a plain file" in str(err.value)
+    (root / "latest").unlink()
+    elsewhere = _save(tmp_path / "elsewhere", 5, _model(1))
+    (root / "000005").symlink_to(elsewhere, target_is_directory=True)
+    (root / "latest").write_text("000005\n")
+    with pytest.raises(CheckpointError, match="does not name a checkpoint directory"):
+        resolve_checkpoint(tmp_path / "run")
+    assert [p.name for p in list_checkpoints(root)] == ["000001"]  # never listed, so never pruned
+    (root / "latest").write_text("000001\n")
+    _save(root, 2, _model(0), keep_last=1)
+    assert (elsewhere / "model.safetensors").exists()
+
+
+def test_a_huge_vocab_size_is_refused_from_the_weights_header_without_allocating(tmp_path):
+    path = _save(tmp_path / "checkpoints", 1, _model(0))
+    meta = json.loads((path / "config.json").read_text())
+    meta["model"]["vocab_size"] = 1_000_000_000  # [1e9, 32] float32 embeddings would be 128 GB
+    (path / "config.json").write_text(json.dumps(meta))
+    code = ("import resource, sys\n"
+            "from nanoattn import load_checkpoint\n"
+            "try:\n"
+            f"    load_checkpoint({str(path)!r})\n"
+            "except ValueError as e:\n"
+            "    print(e)\n"
+            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    message, peak_kib = out.strip().splitlines()
+    assert message.endswith("does not match the model config: tok_emb.weight has shape [64, 32] in the "
+                            "file, [1000000000, 32] in the model")
+    assert int(peak_kib) < 1024 * 1024  # < 1 GB: nothing of the model's size was allocated
+
+
+def test_non_finite_or_non_float32_weights_are_refused(tmp_path):
+    model = _model(0)
+    path = _save(tmp_path / "checkpoints", 1, model)
+    state = {k: v.clone() for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    state["blocks.0.attn.qkv.weight"][0, 0] = float("nan")
+    save_file(state, path / "model.safetensors")
+    with pytest.raises(CheckpointError, match=r"blocks\.0\.attn\.qkv\.weight holds NaN or infinite values$"):
+        load_checkpoint(path)
+    state = {k: v.to(torch.float16) for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    save_file(state, path / "model.safetensors")
+    with pytest.raises(CheckpointError, match=r"is F16, not float32"):
+        load_checkpoint(path)
+
+
+@pytest.mark.parametrize("content,message", [
+    ("[1, 2]", "is not a nanoattn checkpoint config: it needs a 'model' mapping"),
+    ('{"model": 3}', "is not a nanoattn checkpoint config: it needs a 'model' mapping"),
+    ('{"model": {}, "step": "ten"}', "step='ten' is invalid: must be a non-negative integer"),
+    ('{"model": {"d_model": "wide"}}', "model.d_model='wide' is invalid: must be a positive integer"),
+])
+def test_a_malformed_config_json_is_one_line(tmp_path, content, message):
+    path = _save(tmp_path / "checkpoints", 1, _model(0))
+    (path / "config.json").write_text(content)
+    with pytest.raises(ValueError) as err:
+        load_checkpoint(path)
+    assert message in str(err.value) and "\n" not in str(err.value)

@@ -4,6 +4,8 @@ import json
 import sys
 import types
 
+import pytest
+
 from nanoattn import logging as nl
 from nanoattn.config import LoggerConfig
 
@@ -20,6 +22,19 @@ def test_jsonl_appends_one_object_per_line_and_truncation_drops_later_and_torn_l
     nl.truncate_metrics(path, 2)
     assert path.read_text().splitlines() == [json.dumps({"step": 1, "train_loss": 1.0}),
                                              json.dumps({"step": 2, "train_loss": 0.5})]
+
+
+@pytest.mark.parametrize("lines,where,what", [
+    (['{"step": 1}', "garbage", '{"step": 3}'], 2, "is not JSON"),
+    (['{"step": 1}', "[1, 2]", '{"step": 3}'], 2, "is not a metrics record"),
+    (['{"step": "one"}', '{"step": 2}'], 1, "is not a metrics record"),
+])
+def test_a_corrupt_record_before_the_last_line_is_refused_not_dropped(tmp_path, lines, where, what):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ValueError, match=rf"^{path}:{where} {what}"):
+        nl.truncate_metrics(path, 1)
+    assert path.read_text() == "\n".join(lines) + "\n"  # left as it was, for the user to look at
 
 
 def _fake_wandb(monkeypatch, *, init=None, log=None):

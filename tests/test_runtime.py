@@ -1,6 +1,10 @@
 """Runtime policy: device choice, the autocast dtype from the CPU's flags, atomic writes."""
 
 import os
+import signal
+import subprocess
+import sys
+import threading
 
 import pytest
 import torch
@@ -57,3 +61,40 @@ def test_write_atomic_replaces_whole_and_leaves_no_temporary(tmp_path, monkeypat
     assert sorted(p.name for p in tmp_path.iterdir()) == ["f.txt"]
     runtime.write_atomic(target, b"new\n")
     assert target.read_text() == "new\n"
+
+
+def test_a_held_lock_refuses_naming_the_holder_and_dies_with_it(tmp_path):
+    folder = tmp_path / "run"
+    holder = subprocess.Popen([sys.executable, "-c",
+                               "import sys, time\nfrom nanoattn.runtime import exclusive_lock\n"
+                               f"with exclusive_lock({str(folder)!r}, 'run x'):\n"
+                               "    print('held', flush=True)\n    time.sleep(600)\n"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        with pytest.raises(runtime.LockedError) as err:
+            with runtime.exclusive_lock(folder, "run x"):
+                pass
+        assert str(err.value) == (f"run x is in use by process {holder.pid}; "
+                                  "wait for it to finish or stop it first")
+    finally:
+        holder.send_signal(signal.SIGKILL)  # no cleanup runs: the OS releases the lock
+        holder.wait()
+    with runtime.exclusive_lock(folder, "run x"):
+        assert (folder / ".lock").read_text() == f"{os.getpid()}\n"
+
+
+def test_waiting_for_a_lock_blocks_until_it_is_released(tmp_path):
+    order = []
+
+    def second():
+        with runtime.exclusive_lock(tmp_path, "data root", wait=True):
+            order.append("second")
+
+    with runtime.exclusive_lock(tmp_path, "data root"):
+        thread = threading.Thread(target=second)
+        thread.start()
+        thread.join(0.3)
+        order.append("first done")
+    thread.join(10)
+    assert order == ["first done", "second"]

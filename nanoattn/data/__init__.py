@@ -1,13 +1,13 @@
 """The data layer: corpora, tokenizers, prepared token files and the batch loader.
 
-``prepare_data`` / ``ensure_prepared`` turn a ``DataConfig`` into ``<root>/<name>/``; ``TokenData``
-reads such a folder back. Each module's docstring states its design choices.
+``prepare_data`` / ``ensure_prepared`` / ``open_prepared`` turn a ``DataConfig`` into
+``<root>/<name>/``; ``TokenData`` reads such a folder back. Each module's docstring states its design choices.
 """
 
 from nanoattn.data.errors import DataError
 from nanoattn.data.loader import TokenData, bits_per_byte
-from nanoattn.data.prepare import data_dir, ensure_prepared, prepare_data
+from nanoattn.data.prepare import data_dir, ensure_prepared, open_prepared, prepare_data
 from nanoattn.data.tokenizer import EOT, load_tokenizer
 
 __all__ = ["DataError", "EOT", "TokenData", "bits_per_byte", "data_dir", "ensure_prepared", "load_tokenizer",
-           "prepare_data"]
+           "open_prepared", "prepare_data"]

@@ -53,6 +53,11 @@ class TokenData:
         self._dtype = np.dtype(self.meta["dtype"])
         self._tokens: dict[str, np.memmap] = {}
 
+    def open(self) -> None:
+        """Memory-map every split now (else each is mapped on first use)."""
+        for split in SPLITS:
+            self.tokens(split)
+
     def tokens(self, split: str) -> np.memmap:
         """All token ids of ``split`` ("train" or "val"), memory-mapped read-only."""
         if split not in SPLITS:

@@ -9,6 +9,12 @@ Design choices:
 - Everything is written into a hidden temporary folder next to the target and renamed into place
   at the end, so an interrupted run leaves the previous complete folder (or none), never a
   half-written one. The previous folder is moved aside before the rename and deleted after it.
+- One preparation at a time per data root: it holds the root's lock (``runtime.exclusive_lock``)
+  and others wait, then find the folder up to date. Under the lock no other preparation can be
+  running, so any leftover staging folder is a killed one's and is removed. SIGTERM (and Ctrl-C)
+  raise inside the preparation, so its staging folder is removed on the way out.
+- Preparation deletes only what it writes: a folder holding anything but its four files (a run
+  directory placed inside it, a user's notes) is refused, never replaced.
 - A ``.bin`` file is a flat array of token ids, each document followed by ``<|endoftext|>``, in
   uint16 when the vocabulary fits and uint32 otherwise; ``loader.TokenData`` memory-maps it.
 - A literal "<|endoftext|>" inside a document is encoded as plain text, so only the separators
@@ -23,7 +29,9 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import signal
 import tempfile
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -37,7 +45,10 @@ from tqdm import tqdm
 from nanoattn.config import DataConfig
 from nanoattn.data import corpora
 from nanoattn.data.corpora import Corpus, Document
+from nanoattn.data.errors import DataError
+from nanoattn.data.loader import TokenData
 from nanoattn.data.tokenizer import build_tokenizer, eot_id, token_dtype
+from nanoattn.runtime import exclusive_lock
 
 FORMAT_VERSION = 1  # bump when the files written here change meaning, so old folders re-prepare
 FILES = ("train.bin", "val.bin", "tokenizer.json", "meta.json")
@@ -70,15 +81,75 @@ def is_up_to_date(cfg: DataConfig) -> bool:
 
 def ensure_prepared(cfg: DataConfig) -> Path:
     """The prepared folder, preparing it first (with progress and a summary) only when needed."""
-    return data_dir(cfg) if is_up_to_date(cfg) else prepare_data(cfg, force=True)
+    with preparation_lock(cfg):
+        return _ensure(cfg)
+
+
+def open_prepared(cfg: DataConfig) -> TokenData:
+    """The prepared data, preparing it first (with progress and a summary) only when needed.
+
+    Both splits are memory-mapped under the lock: a later re-preparation by another run replaces
+    the folder, but not the files this one holds open, nor its tokenizer.
+    """
+    with preparation_lock(cfg):
+        data = TokenData(_ensure(cfg))
+        data.open()
+        return data
+
+
+def _ensure(cfg: DataConfig) -> Path:
+    return data_dir(cfg) if is_up_to_date(cfg) else _prepare(cfg)
 
 
 def prepare_data(cfg: DataConfig, force: bool = False) -> Path:
     """Prepare ``cfg`` into ``data_dir(cfg)`` and print a summary; with the same config, say so and stop."""
+    with preparation_lock(cfg):
+        if not force and is_up_to_date(cfg):
+            target = data_dir(cfg)
+            print(f"{target} is up to date with this config; nothing to do (force=true re-prepares)")
+            return target
+        return _prepare(cfg)
+
+
+@contextmanager
+def preparation_lock(cfg: DataConfig) -> Iterator[None]:
+    """Hold the data root's lock (waiting for another preparation), with SIGTERM raising inside."""
     target = data_dir(cfg)
-    if not force and is_up_to_date(cfg):
-        print(f"{target} is up to date with this config; nothing to do (force=true re-prepares)")
-        return target
+    with exclusive_lock(target.parent, f"data root {target.parent}", wait=True), _sigterm_raises():
+        for stage in ("tmp", "old"):  # _staging's folders
+            for leftover in target.parent.glob(f".{target.name}.{stage}-*"):
+                shutil.rmtree(leftover, ignore_errors=True)
+        yield
+
+
+@contextmanager
+def _sigterm_raises() -> Iterator[None]:
+    """SIGTERM as KeyboardInterrupt while preparing, so the staging folder is cleaned up."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"{signal.Signals(signum).name} while preparing data")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _check_owned(target: Path) -> None:
+    foreign = sorted(p.name for p in target.iterdir() if p.name not in FILES) if target.is_dir() else []
+    if foreign:
+        raise DataError(f"{target} holds {', '.join(foreign[:3])}{' ...' if len(foreign) > 3 else ''}, "
+                        "which preparation did not write: it never replaces such a folder; move them "
+                        "out or choose another data.name")
+
+
+def _prepare(cfg: DataConfig) -> Path:
+    target = data_dir(cfg)
+    _check_owned(target)
     started = time.perf_counter()
     corpus = corpora.load_corpus(cfg)
     print(f"building the {cfg.tokenizer.type} tokenizer from {len(corpus.train)} training documents")
@@ -103,6 +174,7 @@ def _staging(target: Path) -> Iterator[Path]:
     retired = tmp.with_name(tmp.name.replace(".tmp-", ".old-", 1))
     try:
         yield tmp
+        _check_owned(target)  # again: something may have been put there while preparing
         if target.exists():
             target.rename(retired)
         tmp.rename(target)

@@ -29,6 +29,7 @@ Design choices:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import signal
@@ -50,14 +51,23 @@ from nanoattn.checkpoint import (
     save_checkpoint,
 )
 from nanoattn.config import RunConfig
-from nanoattn.data import TokenData, bits_per_byte, ensure_prepared, load_tokenizer
+from nanoattn.data import TokenData, bits_per_byte, open_prepared
 from nanoattn.eval.passkey import PasskeyMix
 from nanoattn.logging import make_logger, note, truncate_metrics
 from nanoattn.model import GPT
-from nanoattn.runtime import autocast, autocast_dtype, pick_device
+from nanoattn.runtime import autocast, autocast_dtype, exclusive_lock, pick_device, write_atomic
 from nanoattn.train import distributed
 from nanoattn.train.optim import lr_at, make_optimizer
-from nanoattn.train.run_dir import check_same_run, locate_run, read_run_config, resolve_init_from
+from nanoattn.train.run_dir import (
+    RUN_TOKENIZER,
+    check_same_run,
+    check_same_tokenizer,
+    locate_run,
+    read_run_config,
+    resolve_init_from,
+    run_directory_for,
+    snapshot_tokenizer,
+)
 from nanoattn.train.step import optimizer_step, wrap_for_training
 
 
@@ -133,11 +143,11 @@ class _Run:
 
     def _prepare_data(self) -> TokenData:
         if self.dist.is_main:  # one rank prepares, the others then find it up to date
-            path = ensure_prepared(self.cfg.data)
+            data = open_prepared(self.cfg.data)
         distributed.barrier(self.dist)
         if not self.dist.is_main:
-            path = ensure_prepared(self.cfg.data)
-        return TokenData(path)
+            data = open_prepared(self.cfg.data)
+        return data
 
     def _fit_vocab(self, data: TokenData) -> None:
         """model.vocab_size follows the tokenizer: raised to it, or kept when larger (padding)."""
@@ -146,9 +156,8 @@ class _Run:
             if given < need:
                 raise ValueError(f"train.init_from={self.t.init_from!r} has vocab_size={given}, smaller than "
                                  f"the tokenizer of data {self.cfg.data.name!r} ({need})")
-            if load_tokenizer(resolve_checkpoint(self.t.init_from)).get_vocab() != data.tokenizer.get_vocab():
-                raise ValueError(f"train.init_from={self.t.init_from!r} was trained with another tokenizer "
-                                 f"than data {self.cfg.data.name!r}'s; use the data it was trained on")
+            source = resolve_checkpoint(self.t.init_from) / "tokenizer.json"
+            check_same_tokenizer(source, data)
             return
         vocab = max(given, need)
         if vocab != given:
@@ -163,6 +172,14 @@ class _Run:
     # ------------------------------------------------------------------ run
 
     def run(self) -> Path:
+        """Rank 0 holds the run directory's lock for the whole run, from before anything is read."""
+        with contextlib.ExitStack() as stack:
+            if self.dist.is_main:
+                run_dir = run_directory_for(self.cfg.out_dir, self.t.resume)
+                stack.enter_context(exclusive_lock(run_dir, f"run directory {run_dir}"))
+            return self._run()
+
+    def _run(self) -> Path:
         cfg, t, d = self.cfg, self.t, self.dist
         torch.manual_seed(t.seed)  # the same initial weights on every rank
         located = locate_run(cfg.out_dir, t.resume) if d.is_main else None
@@ -179,9 +196,9 @@ class _Run:
             saved = dataclasses.replace(cfg, out_dir=str(run_dir)).to_dict()
             if (run_dir / "config.yaml").exists():
                 check_same_run(read_run_config(run_dir), saved, run_dir)
-            run_dir.mkdir(parents=True, exist_ok=True)
+            snapshot_tokenizer(run_dir, data, ckpt)
             remove_stale_temps(run_dir / "checkpoints")
-            (run_dir / "config.yaml").write_text(yaml.safe_dump(saved, sort_keys=False))
+            write_atomic(run_dir / "config.yaml", yaml.safe_dump(saved, sort_keys=False))
             truncate_metrics(run_dir / "metrics.jsonl", state["step"] if state else 0)
         distributed.barrier(d)
 
@@ -374,7 +391,7 @@ class _Run:
                      "schedule": {"name": self.t.schedule, "lr": self.t.lr, "min_lr": self.t.min_lr,
                                   "warmup_steps": self.t.warmup_steps, "max_steps": self.t.max_steps}}
             save_checkpoint(self.ckpt_root, f"{step:06d}", self.model, train_seq_len=self.seq_len, step=step,
-                            tokenizer_file=self.data.data_dir / "tokenizer.json", trainer_state=state,
+                            tokenizer_file=self.run_dir / RUN_TOKENIZER, trainer_state=state,
                             keep_last=self.t.keep_last)
         distributed.barrier(self.dist)
 

@@ -1,13 +1,19 @@
-"""The run directory: where a run lives, whether a resumption is the same run.
+"""The run directory: where a run lives, whether a resumption is the same run, its tokenizer.
 
-``locate_run`` decides, before anything is written, which directory a run writes and which
-checkpoint it resumes; ``check_same_run`` refuses to continue a run under a different config
-(only the keys in ``RESUME_MAY_CHANGE`` may differ).
+``run_directory_for`` names the directory a run will lock and write; under that lock,
+``locate_run`` decides which checkpoint it resumes, and ``check_same_run`` refuses to continue
+a run under a different config (only the keys in ``RESUME_MAY_CHANGE`` may differ).
+
+The tokenizer is part of the run: ``snapshot_tokenizer`` writes the one the run started with
+into ``<run>/tokenizer.json`` (and the data's fingerprint into ``<run>/data.json``), every
+checkpoint copies that snapshot, and a resumption whose data folder now holds another tokenizer
+is refused, so token ids never change meaning mid-run.
 """
 
 from __future__ import annotations
 
 import copy
+import json
 import math
 from collections.abc import Mapping
 from pathlib import Path
@@ -15,8 +21,16 @@ from typing import Any
 
 import yaml
 
-from nanoattn.checkpoint import init_model_config, list_checkpoints, resolve_checkpoint
+from nanoattn.checkpoint import (
+    CHECKPOINTS,
+    init_model_config,
+    list_checkpoints,
+    resolve_checkpoint,
+    run_directory,
+)
 from nanoattn.config import ModelConfig, RunConfig
+from nanoattn.data import TokenData, load_tokenizer
+from nanoattn.runtime import write_atomic
 
 # Keys that may differ between a run and its resumption: where and how long it runs, how it is
 # watched, and how fast it computes. Everything else (model, data, optimisation, seed) must match.
@@ -25,6 +39,8 @@ RESUME_MAY_CHANGE = ("out_dir", "train.max_steps", "train.resume", "train.eval_i
                      "train.eval_steps", "train.log_interval", "train.ckpt_interval", "train.keep_last",
                      "train.compile", "train.device", "train.dtype", "train.batch_size", "data.root",
                      "logger.")
+RUN_TOKENIZER = "tokenizer.json"  # <run>/tokenizer.json: the tokenizer the run started with
+RUN_DATA = "data.json"  # <run>/data.json: the prepared data it started from (folder, fingerprint)
 
 
 def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -57,6 +73,14 @@ def check_same_run(saved: dict[str, Any], current: dict[str, Any], where: Path) 
                          f"(only these may change on resume: {allowed})")
 
 
+def run_directory_for(out_dir: str | Path, resume: bool | str) -> Path:
+    """The directory a run writes: ``out_dir``, or the run of the checkpoint ``train.resume`` names."""
+    run_dir = Path(out_dir) if isinstance(resume, bool) else run_directory(resolve_checkpoint(resume))
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ValueError(f"out_dir {str(run_dir)!r} is a file; a run needs a directory")
+    return run_dir
+
+
 def locate_run(out_dir: str | Path, resume: bool | str) -> tuple[Path, Path | None]:
     """(run directory, checkpoint to resume or None); raises before anything is written."""
     out_dir = Path(out_dir)
@@ -69,13 +93,13 @@ def locate_run(out_dir: str | Path, resume: bool | str) -> tuple[Path, Path | No
         if not (out_dir / "config.yaml").exists():
             raise ValueError(f"train.resume=true but out_dir {str(out_dir)!r} holds no run "
                              "(no config.yaml); set out_dir to the run directory to continue")
-        ckpt_root = out_dir / "checkpoints"
+        ckpt_root = out_dir / CHECKPOINTS
         if not (ckpt_root / "latest").exists() and not list_checkpoints(ckpt_root):
             return out_dir, None  # killed before its first checkpoint: start again from step 0
         return out_dir, resolve_checkpoint(out_dir)
     ckpt = resolve_checkpoint(resume)
-    run_dir = ckpt.parent.parent
-    if not (run_dir / "config.yaml").exists():
+    run_dir = run_directory(ckpt)
+    if ckpt.parent.name != CHECKPOINTS or not (run_dir / "config.yaml").exists():
         raise ValueError(f"train.resume={resume!r}: {ckpt} is not inside a run directory "
                          f"(no {run_dir / 'config.yaml'}); train.init_from starts a new run from it")
     latest = resolve_checkpoint(run_dir)
@@ -108,3 +132,23 @@ def resolve_init_from(cfg: RunConfig | Mapping[str, Any]) -> RunConfig:
         model = model.to_dict() if isinstance(model, ModelConfig) else dict(model)
         values["model"] = init_model_config(init_from, model).to_dict()
     return RunConfig.from_dict(values)
+
+
+def check_same_tokenizer(reference: Path, data: TokenData) -> None:
+    """Refuse ``data`` when its tokenizer is not the one in file ``reference`` (one line naming both)."""
+    if load_tokenizer(reference).to_str() != data.tokenizer.to_str():
+        raise ValueError(f"data folder {data.data_dir} holds another tokenizer than {reference}: its token "
+                         "ids would mean other tokens; use the data this run or checkpoint was trained on")
+
+
+def snapshot_tokenizer(run_dir: Path, data: TokenData, resumed: Path | None) -> None:
+    """Check the run's tokenizer against ``data`` (resuming), or snapshot it (starting)."""
+    snapshot = run_dir / RUN_TOKENIZER
+    # A run from before snapshots existed: its checkpoint's tokenizer is the reference.
+    reference = snapshot if snapshot.exists() else None if resumed is None else resumed / RUN_TOKENIZER
+    if reference is not None and reference.exists():
+        check_same_tokenizer(reference, data)
+    if not snapshot.exists():
+        write_atomic(snapshot, data.tokenizer.to_str())
+        write_atomic(run_dir / RUN_DATA, json.dumps({"data_dir": str(data.data_dir),
+                                                     "fingerprint": data.meta.get("fingerprint")}) + "\n")

@@ -15,6 +15,9 @@ from omegaconf import OmegaConf
 from nanoattn.config import DataConfig, TokenizerConfig
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "scripts"))
+import prepare_data  # noqa: E402, F401  (registers prepare_data_schema; scripts/ is not a package)
+
 PRESETS = sorted(p.stem for p in (REPO / "configs" / "data").glob("*.yaml"))
 
 

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import signal
 
 import numpy as np
 import pytest
 
 from nanoattn.config import TokenizerConfig
-from nanoattn.data import TokenData, ensure_prepared, prepare_data
+from nanoattn.data import DataError, TokenData, ensure_prepared, prepare_data
 from nanoattn.data import prepare as prepare_module
 from nanoattn.data.corpora import load_corpus
 
@@ -89,3 +91,42 @@ def test_literal_eot_text_inside_a_document_is_not_a_separator(tmp_path, write_c
     data = TokenData(prepare_data(text_config(tmp_path / "data", files, val_fraction=0.4)))
     ids = np.concatenate([data.tokens("train"), data.tokens("val")])
     assert (ids == data.eot_id).sum() == 3
+
+
+def test_re_preparing_never_deletes_what_it_did_not_write(tmp_path, write_corpus, text_config):
+    cfg = text_config(tmp_path / "data", write_corpus(tmp_path / "corpus", 4))
+    folder = prepare_data(cfg)
+    (folder / "run1").mkdir()
+    (folder / "run1" / "config.yaml").write_text("a run placed inside the data folder\n")
+    with pytest.raises(DataError, match=r"tiny holds run1, which preparation did not write"):
+        prepare_data(cfg, force=True)
+    assert (folder / "run1" / "config.yaml").exists() and (folder / "train.bin").exists()
+
+
+def test_sigterm_while_preparing_removes_the_staging_folder_and_keeps_the_old_one(tmp_path, write_corpus,
+                                                                                  text_config, monkeypatch):
+    cfg = text_config(tmp_path / "data", write_corpus(tmp_path / "corpus", 4))
+    folder = prepare_data(cfg)
+    before = _stamp(folder)
+    original = prepare_module._write_tokens
+
+    def terminated(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)  # the handler raises here, mid-write
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(prepare_module, "_write_tokens", terminated)
+    with pytest.raises(KeyboardInterrupt, match="SIGTERM while preparing data"):
+        prepare_data(cfg, force=True)
+    assert sorted(p.name for p in folder.parent.iterdir()) == ["tiny"]
+    assert _stamp(folder) == before
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # restored
+
+
+def test_a_killed_preparations_leftovers_are_removed_by_the_next(tmp_path, write_corpus, text_config):
+    cfg = text_config(tmp_path / "data", write_corpus(tmp_path / "corpus", 4))
+    for leftover in (".tiny.tmp-x1y2", ".tiny.old-x1y2"):
+        (tmp_path / "data" / leftover).mkdir(parents=True)
+        (tmp_path / "data" / leftover / "train.bin").write_bytes(b"\0" * 8)
+    (tmp_path / "data" / ".other.tmp-keep").mkdir()  # another corpus' folder is not ours to remove
+    prepare_data(cfg)
+    assert sorted(p.name for p in (tmp_path / "data").iterdir()) == [".other.tmp-keep", "tiny"]

@@ -1,5 +1,6 @@
 """The training loop through the library: run directory, evaluation, resume, stops and bad input."""
 
+import json
 import math
 import os
 import signal
@@ -22,7 +23,11 @@ from nanoattn.train import TrainingDiverged, train
 def test_a_run_writes_the_documented_run_directory(tmp_path, tiny_config):
     run_dir = train(tiny_config(tmp_path / "run"))
     assert run_dir == tmp_path / "run"
-    assert sorted(p.name for p in run_dir.iterdir()) == ["checkpoints", "config.yaml", "metrics.jsonl"]
+    assert sorted(p.name for p in run_dir.iterdir()) == ["checkpoints", "config.yaml", "data.json",
+                                                         "metrics.jsonl", "tokenizer.json"]
+    data = TokenData(data_dir(RunConfig.from_dict(tiny_config(tmp_path)).data))
+    assert (run_dir / "tokenizer.json").read_text() == data.tokenizer.to_str()  # the run's snapshot
+    assert json.loads((run_dir / "data.json").read_text())["fingerprint"] == data.meta["fingerprint"]
     records = read_metrics(run_dir / "metrics.jsonl")
     assert [r["step"] for r in records] == list(range(1, 13))
     for r in records:
@@ -30,9 +35,8 @@ def test_a_run_writes_the_documented_run_directory(tmp_path, tiny_config):
         assert r["tokens"] == r["step"] * 4 * 32
     evals = [r for r in records if "val_loss" in r]
     assert [r["step"] for r in evals] == [4, 8, 12]
-    bytes_per_token = TokenData(data_dir(RunConfig.from_dict(tiny_config(tmp_path)).data)).bytes_per_token
     for r in evals:
-        assert r["val_bpb"] == pytest.approx(bits_per_byte(r["val_loss"], bytes_per_token))
+        assert r["val_bpb"] == pytest.approx(bits_per_byte(r["val_loss"], data.bytes_per_token))
     assert records[-1]["train_loss"] < records[0]["train_loss"]
 
     ckpts = run_dir / "checkpoints"

@@ -1,0 +1,135 @@
+"""Runs that cannot corrupt each other: the run-directory lock, the run's own tokenizer, and the
+one-line errors of an unusable out_dir or a failing disk (docs/reliability.md)."""
+
+import copy
+import errno
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import nanoattn.checkpoint as checkpoint_module
+from nanoattn.config import DataConfig
+from nanoattn.data import prepare_data
+from nanoattn.logging import read_metrics
+from nanoattn.runtime import LockedError, exclusive_lock
+from nanoattn.train import train
+
+SCRIPT = os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "train.py")
+
+
+def test_a_second_process_on_a_running_run_is_refused_and_the_first_keeps_its_records(
+        tmp_path, tiny_config, as_overrides):
+    run_dir = tmp_path / "run"
+    args = as_overrides(tiny_config(run_dir, max_steps=100_000, schedule="constant", ckpt_interval=20,
+                                    keep_last=2))
+    first = subprocess.Popen([sys.executable, SCRIPT, *args], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not (run_dir / "checkpoints" / "latest").exists():
+            time.sleep(0.05)
+        second = subprocess.run([sys.executable, SCRIPT, *args, "train.resume=true"], capture_output=True,
+                                text=True, timeout=120)
+        fresh = subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True, timeout=120)
+    finally:
+        first.send_signal(signal.SIGTERM)  # checkpoints and exits
+        first.wait(timeout=120)
+    for refused in (second, fresh):
+        assert refused.returncode == 1
+        assert refused.stderr.strip() == (f"error: run directory {run_dir} is in use by process {first.pid}; "
+                                          "wait for it to finish or stop it first")
+    records = read_metrics(run_dir / "metrics.jsonl")
+    assert [r["step"] for r in records] == list(range(1, len(records) + 1))  # nothing cut back
+    latest = (run_dir / "checkpoints" / "latest").read_text().strip()
+    assert int(latest) == records[-1]["step"] and (run_dir / "checkpoints" / latest).is_dir()
+
+
+def test_train_refuses_a_locked_run_directory_before_reading_it(tmp_path, tiny_config):
+    run_dir = tmp_path / "run"
+    with exclusive_lock(run_dir, f"run directory {run_dir}"):
+        with pytest.raises(LockedError, match=rf"in use by process {os.getpid()}"):
+            train(tiny_config(run_dir))
+        assert sorted(p.name for p in run_dir.iterdir()) == [".lock"]
+    assert list(run_dir.iterdir()) == []  # the lock leaves nothing behind
+    train(tiny_config(run_dir, max_steps=2))  # and is free again
+
+
+def _other_tokenizer_data(data: dict) -> DataConfig:
+    """The same data.name re-prepared with a different tokenizer (a char one over the same text)."""
+    return DataConfig.from_dict({**copy.deepcopy(data), "tokenizer": {"type": "char"}})
+
+
+def test_checkpoints_keep_the_runs_tokenizer_when_the_data_folder_is_re_prepared(tmp_path, tiny_data,
+                                                                                  tiny_config, monkeypatch):
+    data = {**copy.deepcopy(tiny_data), "root": str(tmp_path / "data")}
+    cfg = tiny_config(tmp_path / "run", max_steps=8, ckpt_interval=2, keep_last=None)
+    cfg["data"] = data
+    saves = {"n": 0}
+    original_save = checkpoint_module.save_checkpoint
+
+    def save_then_re_prepare(*args, **kwargs):
+        path = original_save(*args, **kwargs)
+        saves["n"] += 1
+        if saves["n"] == 1:  # another run re-prepares the same data.name with another tokenizer
+            prepare_data(_other_tokenizer_data(data), force=True)
+        return path
+
+    monkeypatch.setattr("nanoattn.train.loop.save_checkpoint", save_then_re_prepare)
+    run_dir = train(cfg)
+    started_with = (run_dir / "tokenizer.json").read_text()
+    ckpts = sorted(p for p in (run_dir / "checkpoints").iterdir() if p.is_dir())
+    assert len(ckpts) == 4
+    assert all((p / "tokenizer.json").read_text() == started_with for p in ckpts)
+    assert (tmp_path / "data" / "tiny" / "tokenizer.json").read_text() != started_with  # it did change
+
+
+def test_resume_after_the_corpus_changed_is_refused_naming_both_tokenizers(tmp_path, tiny_data, tiny_config):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(open(tiny_data["paths"][0]).read())
+    data = {**copy.deepcopy(tiny_data), "root": str(tmp_path / "data"), "paths": [str(corpus)],
+            "tokenizer": {"type": "char"}}
+    cfg = tiny_config(tmp_path / "run", max_steps=4, model={"vocab_size": 128})
+    cfg["data"] = data
+    run_dir = train(cfg)
+    corpus.write_text(corpus.read_text() + "Zwölf Qualen: new characters retrain the char tokenizer.\n")
+    resume = {**cfg, "train": {**cfg["train"], "resume": True, "max_steps": 6}}
+    folder, snapshot = tmp_path / "data" / "tiny", run_dir / "tokenizer.json"
+    with pytest.raises(ValueError, match=rf"^data folder {folder} holds another tokenizer than {snapshot}: "):
+        train(resume)
+    assert read_metrics(run_dir / "metrics.jsonl")[-1]["step"] == 4  # the run is untouched
+
+
+def test_an_out_dir_that_is_a_file_or_read_only_is_one_line(tmp_path, tiny_config):
+    (tmp_path / "file").write_text("not a directory")
+    with pytest.raises(ValueError, match=r"^out_dir '.*file' is a file; a run needs a directory$"):
+        train(tiny_config(tmp_path / "file"))
+    # /sys refuses new entries even to root, where a chmod-ed folder would not.
+    with pytest.raises(OSError, match=r"^\[Errno 1\] Operation not permitted: '/sys/nanoattn-run'$"):
+        train(tiny_config("/sys/nanoattn-run"))
+
+
+def test_a_full_disk_while_checkpointing_keeps_the_previous_checkpoint_and_says_so(tmp_path, tiny_config,
+                                                                                 monkeypatch):
+    original = checkpoint_module.save_file
+    calls = {"n": 0}
+
+    def full_disk(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(checkpoint_module, "save_file", full_disk)
+    run_dir = tmp_path / "run"
+    with pytest.raises(OSError) as err:
+        train(tiny_config(run_dir, max_steps=8, ckpt_interval=4))
+    failed = run_dir / "checkpoints" / "000008"
+    assert str(err.value) == (f"could not save checkpoint {failed} (No space left on device); "
+                              "the previous checkpoint is intact")
+    ckpts = run_dir / "checkpoints"
+    assert sorted(p.name for p in ckpts.iterdir()) == ["000004", "latest"]  # no partial copy left
+    assert (ckpts / "latest").read_text() == "000004\n"
