@@ -1,4 +1,4 @@
-"""Sampling with an exact KV cache, from tensors up to the ``scripts/sample.py`` command.
+"""Sampling with an exact KV cache: logit filters, ``Decoding``, ``generate`` and text on top.
 
 Design:
 - ``Decoding`` is an iterator: each step appends one token per sequence. The first step
@@ -28,31 +28,27 @@ Design:
   hold half of one), and streamed text is held back while it could still be the start of a
   stop string or an incomplete UTF-8 character.
 - Everything runs under ``torch.inference_mode()``; ``generate`` returns an ordinary tensor.
+- A library: nothing here prints, picks a device or reads a checkpoint. The ``sample`` command
+  line (``nanoattn.commands.sample``) does that and calls ``sample_text``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import math
-import re
-import sys
-import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, NamedTuple, TextIO
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, NamedTuple
 
 import torch
 
-from nanoattn.checkpoint import load_checkpoint
 from nanoattn.model import GPT, KVCache
-from nanoattn.validation import check_choice, check_positive_int, fail, from_dict
+from nanoattn.validation import check_non_negative_int, fail, is_int
 
 OWNER = "generate"
 
 
 def _is_real(value: Any) -> bool:
+    """A finite int or float, not a bool: what the sampling arithmetic takes (no numeric strings)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
@@ -90,8 +86,7 @@ class LogitFilter(NamedTuple):
 
 # Applied in this order after temperature; an argument of None skips its filter.
 LOGIT_FILTERS: dict[str, LogitFilter] = {
-    "top_k": LogitFilter(top_k_filter, lambda k: isinstance(k, int) and not isinstance(k, bool) and k >= 1,
-                         "must be a positive integer or None"),
+    "top_k": LogitFilter(top_k_filter, lambda k: is_int(k) and k >= 1, "must be a positive integer or None"),
     "top_p": LogitFilter(top_p_filter, lambda p: _is_real(p) and 0 < p <= 1, "must be in (0, 1] or None"),
     "min_p": LogitFilter(min_p_filter, lambda p: _is_real(p) and 0 <= p <= 1, "must be in [0, 1] or None"),
 }
@@ -164,8 +159,7 @@ class Decoding:
             fail(OWNER, "idx", getattr(idx, "shape", idx), "must be a non-empty int64 tensor [B, T]")
         if int(idx.min()) < 0 or int(idx.max()) >= cfg.vocab_size:
             fail(OWNER, "idx", (int(idx.min()), int(idx.max())), f"ids must lie in [0, {cfg.vocab_size})")
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-            fail(OWNER, "max_new_tokens", max_new_tokens, "must be a non-negative integer")
+        check_non_negative_int(OWNER, "max_new_tokens", max_new_tokens)
         if not (_is_real(temperature) and temperature >= 0):
             fail(OWNER, "temperature", temperature, "must be a number >= 0 (0 is greedy)")
         if not (_is_real(repetition_penalty) and repetition_penalty > 0):
@@ -175,7 +169,7 @@ class Decoding:
             if value is not None and not LOGIT_FILTERS[name].valid(value):
                 fail(OWNER, name, value, LOGIT_FILTERS[name].allowed)
         stops = sorted(set(stop_tokens or ()))
-        if any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < cfg.vocab_size for t in stops):
+        if any(not is_int(t) or not 0 <= t < cfg.vocab_size for t in stops):
             fail(OWNER, "stop_tokens", stops, f"must be token ids in [0, {cfg.vocab_size})")
 
         B, T = idx.shape
@@ -340,144 +334,3 @@ def sample_text(model: GPT, tokenizer, prompt_ids: Sequence[int], max_new_tokens
         if piece and on_text is not None:
             on_text(b, piece)
     return [s.text for s in streams], decoding
-
-
-# ----------------------------------------------------------------------------- the sample command
-
-DEVICES = ("auto", "cpu", "cuda", "mps")
-DTYPES = ("auto", "float32", "bfloat16")
-_ESCAPES = {"n": "\n", "t": "\t", "\\": "\\"}
-
-
-def unescape(text: str) -> str:
-    r"""Turn the escapes \n, \t and \\ into the characters: a shell and Hydra pass them literally."""
-    return re.sub(r"\\([nt\\])", lambda m: _ESCAPES[m[1]], text)
-
-
-@dataclass
-class SampleConfig:
-    """``scripts/sample.py``'s options (configs/sample.yaml)."""
-
-    ckpt: str | None = None  # a checkpoint directory, or a run directory (its latest checkpoint)
-    prompt: str | None = None  # \n, \t, \\ are escapes; None with no prompt_file: start from <|endoftext|>
-    prompt_file: str | None = None  # a UTF-8 file read as is (no escapes)
-    max_new_tokens: int = 256
-    num_samples: int = 1
-    temperature: float = 0.8  # 0 is greedy
-    top_k: int | None = None
-    top_p: float | None = None
-    min_p: float | None = None
-    repetition_penalty: float = 1.0
-    stop: list[str] = dataclasses.field(default_factory=list)  # output ends before the first one
-    seed: int = 1337
-    stream: bool = False  # print text as it comes; samples are then decoded one at a time
-    device: str = "auto"  # auto: cuda if available, else cpu
-    dtype: str = "auto"  # auto: bfloat16 on a GPU that has it, else float32
-    sliding_window: bool = False  # past a learned table: re-encode the last max_seq_len tokens per step
-    rope_scaling: dict[str, Any] | None = None  # zero-shot RoPE scaling, e.g. {type: yarn, factor: 4}
-
-    def __post_init__(self) -> None:
-        own = "sample"
-        if not isinstance(self.ckpt, (str, Path)) or not str(self.ckpt):
-            fail(own, "ckpt", self.ckpt, "pass ckpt=<checkpoint or run directory>")
-        if self.prompt is not None and self.prompt_file is not None:
-            fail(own, "prompt_file", self.prompt_file, "give prompt= or prompt_file=, not both")
-        for name in ("max_new_tokens", "num_samples"):
-            check_positive_int(own, name, getattr(self, name))
-        if isinstance(self.stop, str):
-            self.stop = [self.stop]
-        if not isinstance(self.stop, (list, tuple)) or not all(isinstance(s, str) and s for s in self.stop):
-            fail(own, "stop", self.stop, "must be a list of non-empty strings")
-        self.stop = [unescape(s) for s in self.stop]
-        if self.prompt is not None:
-            self.prompt = unescape(str(self.prompt))
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
-            fail(own, "seed", self.seed, "must be an integer")
-        check_choice(own, "device", self.device, DEVICES)
-        check_choice(own, "dtype", self.dtype, DTYPES)
-        if self.rope_scaling is not None and not isinstance(self.rope_scaling, Mapping):
-            fail(own, "rope_scaling", self.rope_scaling, "must be a mapping such as {type: yarn, factor: 4}")
-
-    @classmethod
-    def from_dict(cls, values: Mapping[str, Any]) -> SampleConfig:
-        return from_dict(cls, values, owner="sample")
-
-
-def _resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        fail("sample", "device", name, "no CUDA device is available; use device=cpu or auto")
-    if name == "mps" and not torch.backends.mps.is_available():
-        fail("sample", "device", name, "no MPS device is available; use device=cpu or auto")
-    return torch.device(name)
-
-
-def _resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    if name == "auto":
-        bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
-        return torch.bfloat16 if bf16 else torch.float32
-    return getattr(torch, name)
-
-
-def sample_from_checkpoint(cfg: SampleConfig, *, out: TextIO | None = None,
-                           err: TextIO | None = None) -> list[str]:
-    """Load ``cfg.ckpt``, print the prompt followed by each continuation to ``out`` and a line of
-    speed and KV-cache size to ``err``; return the continuations.
-
-    Samples are decoded as one batch from one generator seeded with ``seed``; with ``stream``
-    they are decoded one after another (a batch cannot be printed as it comes), sample i
-    seeded with ``seed + i``. Either way the same seed gives the same text.
-    """
-    # Imported here so that ``import nanoattn`` does not load the data package.
-    from nanoattn.data.tokenizer import EOT
-
-    out, err = out or sys.stdout, err or sys.stderr
-    device = _resolve_device(cfg.device)
-    dtype = _resolve_dtype(cfg.dtype, device)
-    ckpt = load_checkpoint(cfg.ckpt, rope_scaling=cfg.rope_scaling, device=device)
-    tokenizer = ckpt.tokenizer
-    if tokenizer is None:
-        raise ValueError(f"checkpoint {ckpt.path} has no tokenizer.json: it cannot turn text into tokens")
-    prompt = Path(cfg.prompt_file).read_text(encoding="utf-8") if cfg.prompt_file else cfg.prompt or ""
-    eot = tokenizer.token_to_id(EOT)
-    prompt_ids = tokenizer.encode(prompt).ids if prompt else [eot] if eot is not None else []
-    if not prompt_ids:
-        raise ValueError("sample.prompt is empty and the tokenizer has no <|endoftext|> to start from")
-    options = dict(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, min_p=cfg.min_p,
-                   repetition_penalty=cfg.repetition_penalty, sliding_window=cfg.sliding_window,
-                   stop_tokens=[] if eot is None else [eot], stop=cfg.stop)
-
-    def run(num_samples: int, seed: int, on_text=None) -> tuple[list[str], Decoding]:
-        generator = torch.Generator(device=device).manual_seed(seed)
-        with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
-            return sample_text(ckpt.model, tokenizer, prompt_ids, cfg.max_new_tokens, num_samples=num_samples,
-                               on_text=on_text, generator=generator, **options)
-
-    def separate(i: int) -> None:
-        if i:
-            print("-" * 40, file=out)
-
-    start = time.perf_counter()
-    if cfg.stream:
-        texts, decoded, cache_bytes = [], 0, 0
-        for i in range(cfg.num_samples):
-            separate(i)
-            print(prompt, end="", file=out, flush=True)
-            (text,), decoding = run(1, cfg.seed + i,
-                                    lambda _, piece: print(piece, end="", file=out, flush=True))
-            print(file=out, flush=True)
-            texts.append(text)
-            decoded += decoding.length - len(prompt_ids)
-            cache_bytes = decoding.kv_cache_bytes
-    else:
-        texts, decoding = run(cfg.num_samples, cfg.seed)
-        decoded = cfg.num_samples * (decoding.length - len(prompt_ids))
-        cache_bytes = decoding.kv_cache_bytes
-        for i, text in enumerate(texts):
-            separate(i)
-            print(prompt + text, file=out)
-    seconds = time.perf_counter() - start
-    print(f"decoded {decoded} tokens in {seconds:.2f} s ({decoded / seconds:.1f} tok/s, prefill included); "
-          f"KV cache {cache_bytes:,} bytes ({dtype}, {device})", file=err)
-    return texts

@@ -2,27 +2,15 @@
 
 Writes config.json, model.safetensors and the tokenizer files in transformers' Llama format
 (pos=rope) or GPT-2 format (pos=learned), loadable with ``AutoModelForCausalLM.from_pretrained``.
-All the work is ``nanoattn.hf.export_checkpoint``; a user mistake (a model with no transformers
+All the work is ``nanoattn.commands.export_hf``; a user mistake (a model with no transformers
 counterpart, a missing checkpoint, a misspelt key) ends in one ``error: ...`` line, not a traceback.
 """
 
-import sys
+from _hydra_cli import command
 
-import hydra
-from _hydra_cli import guarded
-from omegaconf import DictConfig, OmegaConf
+from nanoattn.commands.export_hf import ExportConfig, export
 
-from nanoattn.hf import export_checkpoint
-
-
-@hydra.main(version_base="1.3", config_path="../configs", config_name="export_hf")
-def main(cfg: DictConfig) -> None:
-    try:
-        out = export_checkpoint(**OmegaConf.to_container(cfg, resolve=True))
-    except ValueError as e:
-        sys.exit(f"error: {e}")
-    print(f"wrote {out} (load it with transformers.AutoModelForCausalLM.from_pretrained({str(out)!r}))")
-
+main = command("export_hf", ExportConfig, export)
 
 if __name__ == "__main__":
-    guarded(main)
+    main()

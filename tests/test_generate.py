@@ -26,7 +26,6 @@ from nanoattn.generate import (
     sample_text,
     top_k_filter,
     top_p_filter,
-    unescape,
 )
 
 ENCODINGS = ["rope", "alibi", "sinusoidal", "learned", "nope"]
@@ -398,7 +397,3 @@ def test_stop_token_ends_text_and_is_not_printed():
                                   stop_tokens=[stop])
     assert texts == [tokenizer.decode(free[:free.index(stop)])]
     assert decoding.finished.all()
-
-
-def test_unescape():
-    assert unescape(r"ROMEO:\n\tx \\n") == "ROMEO:\n\tx \\n"

@@ -324,7 +324,13 @@ def test_export_script_writes_a_loadable_folder_and_reports_mistakes_in_one_line
     expected = load_checkpoint(tmp_path / "run", rope_scaling={"type": "yarn", "factor": 2.0}).model
     assert_same_logits(expected, load_transformers(tmp_path / "hf"))
 
-    failed = subprocess.run([*script, "ckpt=run", "out=hf"], cwd=tmp_path, capture_output=True, text=True)
-    assert failed.returncode == 1
-    assert failed.stderr.startswith("error: export_hf: 'hf' exists and is not an empty folder")
-    assert failed.stderr.count("\n") == 1 and "Traceback" not in failed.stderr
+    mistakes = {"error: export_hf: 'hf' exists and is not an empty folder": ["ckpt=run", "out=hf"],
+                "error: export_hf.out=None is invalid": ["ckpt=run"],
+                "error: export_hf.ckpt=None is invalid": ["out=hf2"]}
+    processes = {expected: subprocess.Popen([*script, *args], cwd=tmp_path, stdout=subprocess.PIPE,
+                                            stderr=subprocess.PIPE, text=True)
+                 for expected, args in mistakes.items()}  # at once, to keep the test short
+    for expected, process in processes.items():
+        _, err = process.communicate(timeout=300)
+        assert process.returncode == 1 and err.startswith(expected), err
+        assert err.count("\n") == 1 and "Traceback" not in err

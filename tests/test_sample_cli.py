@@ -1,7 +1,8 @@
 """``scripts/sample.py`` on a tiny random checkpoint: reproducible, and one-line errors.
 
 The command itself runs in subprocesses (several at once, to keep the test short); the
-library function it calls and ``configs/sample.yaml`` are also checked in process.
+function it calls (``nanoattn.commands.sample``) and ``configs/sample.yaml`` are also checked
+in process.
 """
 
 from __future__ import annotations
@@ -20,9 +21,15 @@ from tokenizers import AddedToken, Tokenizer, decoders, models
 
 from nanoattn import GPT, ModelConfig
 from nanoattn.checkpoint import save_checkpoint
-from nanoattn.generate import SampleConfig, sample_from_checkpoint
+from nanoattn.commands.sample import SampleConfig, sample, unescape
+from nanoattn.runtime import autocast_dtype
+from nanoattn.validation import from_dict
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+from _hydra_cli import register_schema  # noqa: E402  (scripts/ is not a package)
+
+register_schema("sample_schema", SampleConfig)
 CHARS = "abcdefghijklmnopqrstuvwxyzRMEO .,:\n"
 MAX_SEQ_LEN = 16
 
@@ -58,10 +65,10 @@ def finish(process: subprocess.Popen) -> tuple[int, str, str]:
     return process.returncode, out, err
 
 
-def sample(runs, pos: str = "rope", **options) -> tuple[list[str], str, str]:
+def in_process(runs, pos: str = "rope", **options) -> tuple[list[str], str, str]:
     out, err = io.StringIO(), io.StringIO()
     cfg = SampleConfig(ckpt=str(runs[pos]), device="cpu", **{"max_new_tokens": 30, **options})
-    texts = sample_from_checkpoint(cfg, out=out, err=err)
+    texts = sample(cfg, out=out, err=err)
     return texts, out.getvalue(), err.getvalue()
 
 
@@ -69,10 +76,12 @@ def test_cli_same_seed_same_text_other_seed_differs(runs):
     options = dict(prompt="ROMEO:", max_new_tokens=40, num_samples=2, temperature=1.0)
     processes = [launch(f"ckpt={runs['rope']}", f"seed={seed}", *(f"{k}={v}" for k, v in options.items()))
                  for seed in (7, 8)]
-    _, in_process, _ = sample(runs, seed=7, **options)  # meanwhile: the same seed in this process
+    _, printed, err = in_process(runs, seed=7, **options)  # meanwhile: the same seed in this process
     (rc7, out7, err7), (rc8, out8, _) = [finish(p) for p in processes]
     assert rc7 == rc8 == 0, err7
-    assert out7 == in_process and out7 != out8
+    assert out7 == printed and out7 != out8
+    # dtype=auto is the rule every command shares (bf16 autocast only where the hardware is fast at it).
+    assert f"({autocast_dtype('auto', torch.device('cpu'))[0] or torch.float32}, cpu)" in err
     assert out7.startswith("ROMEO:") and "-" * 40 in out7  # two samples, each after the prompt
     last = err7.strip().splitlines()[-1]
     assert "tok/s" in last and "KV cache" in last and "bytes" in last
@@ -85,7 +94,8 @@ def test_cli_errors_are_one_line(runs, tmp_path):
     for name in ("config.json", "tokenizer.json"):
         (corrupt / name).write_bytes((checkpoint / name).read_bytes())
     (corrupt / "model.safetensors").write_bytes(b"not a safetensors file")
-    processes = {"does not exist": launch(f"ckpt={tmp_path / 'nothing'}"),
+    processes = {"sample.ckpt=None is invalid": launch(),
+                 "does not exist": launch(f"ckpt={tmp_path / 'nothing'}"),
                  "is corrupt": launch(f"ckpt={corrupt}"),
                  # dotted rope_scaling keys need no '+': the scaling reaches the model's validation
                  "type='bogus' is invalid": launch(f"ckpt={checkpoint}", "rope_scaling.type=bogus",
@@ -99,16 +109,17 @@ def test_cli_errors_are_one_line(runs, tmp_path):
 
 def test_streaming_prints_the_same_text(runs):
     for prompt in ("ROMEO:\\n", None):
-        texts, printed, _ = sample(runs, prompt=prompt, seed=3, temperature=1.0)
-        streamed_texts, streamed, _ = sample(runs, prompt=prompt, seed=3, temperature=1.0, stream=True)
+        texts, printed, _ = in_process(runs, prompt=prompt, seed=3, temperature=1.0)
+        streamed_texts, streamed, _ = in_process(runs, prompt=prompt, seed=3, temperature=1.0, stream=True)
         assert texts == streamed_texts and printed == streamed
         assert printed == ("ROMEO:\n" if prompt else "") + texts[0] + "\n"
 
 
 def test_stop_strings_cut_the_output(runs):
-    free, _, _ = sample(runs, prompt="ROMEO:", seed=5, temperature=1.0, max_new_tokens=40)
+    options = dict(prompt="ROMEO:", seed=5, temperature=1.0, max_new_tokens=40)
+    free, _, _ = in_process(runs, **options)
     stop = free[0][6:8]
-    texts, printed, _ = sample(runs, prompt="ROMEO:", seed=5, temperature=1.0, max_new_tokens=40, stop=[stop])
+    texts, printed, _ = in_process(runs, stop=[stop], **options)
     assert texts[0] == free[0][:free[0].find(stop)] and stop not in texts[0]
     assert printed == "ROMEO:" + texts[0] + "\n"
 
@@ -117,10 +128,10 @@ def test_past_the_training_length(runs):
     """RoPE with a zero-shot scaling decodes past max_seq_len; learned positions need sliding_window."""
     for pos, options in (("rope", {"rope_scaling": {"type": "yarn", "factor": 4}}),
                          ("learned", {"sliding_window": True})):
-        _, _, err = sample(runs, pos, prompt="ROMEO:", max_new_tokens=3 * MAX_SEQ_LEN, **options)
+        _, _, err = in_process(runs, pos, prompt="ROMEO:", max_new_tokens=3 * MAX_SEQ_LEN, **options)
         assert err.startswith("decoded ") and "KV cache" in err
     with pytest.raises(ValueError, match="learned position table.*sliding_window=True"):
-        sample(runs, "learned", prompt="ROMEO:", max_new_tokens=MAX_SEQ_LEN)
+        in_process(runs, "learned", prompt="ROMEO:", max_new_tokens=MAX_SEQ_LEN)
 
 
 def test_config_composes_with_rope_scaling_overrides():
@@ -130,11 +141,11 @@ def test_config_composes_with_rope_scaling_overrides():
             for overrides in (["+rope_scaling.type=yarn", "+rope_scaling.factor=4"],
                               ["rope_scaling={type:yarn,factor:4}"]):
                 cfg = compose("sample", overrides=["ckpt=runs/x", 'stop=["\\n\\n",END]', *overrides])
-                sample_cfg = SampleConfig.from_dict(OmegaConf.to_container(cfg, resolve=True))
+                sample_cfg = from_dict(SampleConfig, OmegaConf.to_container(cfg), owner="sample")
                 assert sample_cfg.rope_scaling == {"type": "yarn", "factor": 4}
                 assert sample_cfg.stop == ["\n\n", "END"]
-            defaults = SampleConfig.from_dict(OmegaConf.to_container(compose("sample", ["ckpt=x"])))
-            assert defaults == SampleConfig(ckpt="x")
+            defaults = OmegaConf.to_container(compose("sample", ["ckpt=x"]))
+            assert from_dict(SampleConfig, defaults, owner="sample") == SampleConfig(ckpt="x")
     finally:
         GlobalHydra.instance().clear()
 
@@ -143,10 +154,16 @@ def test_config_composes_with_rope_scaling_overrides():
     ({}, "sample.ckpt=None"),
     ({"ckpt": "x", "prompt": "a", "prompt_file": "p.txt"}, "not both"),
     ({"ckpt": "x", "num_samples": 0}, "sample.num_samples=0"),
-    ({"ckpt": "x", "dtype": "float16"}, "sample.dtype='float16'"),
+    ({"ckpt": "x", "dtype": "fp16"}, "sample.dtype='fp16'"),
+    ({"ckpt": "x", "device": "gpu"}, "sample.device='gpu'"),
+    ({"ckpt": "x", "stream": "yes"}, "sample.stream='yes'"),
     ({"ckpt": "x", "stop": [""]}, "sample.stop"),
     ({"ckpt": "x", "temprature": 1}, "sample.temprature"),
 ])
 def test_sample_config_errors(values, match):
     with pytest.raises(ValueError, match=match):
-        SampleConfig.from_dict(values)
+        from_dict(SampleConfig, values, owner="sample")
+
+
+def test_unescape():
+    assert unescape(r"ROMEO:\n\tx \\n") == "ROMEO:\n\tx \\n"

@@ -189,10 +189,15 @@ def _unscaled(dim: int, theta: float, device: torch.device | None) -> torch.Tens
     return 1.0 / (theta ** exponent)
 
 
-def _ntk_exponent(dim: int) -> float:
+def ntk_base(theta: float, scale: float, dim: int) -> float:
+    """The NTK-aware base theta * scale ** (d / (d - 2)) (YaRN paper, section 3.1), a Python float.
+
+    The one formula static ``ntk`` and ``dynamic`` share, and that ``nanoattn.hf`` writes as a
+    plain base: the same float64 expression gives bit-identical inverse frequencies.
+    """
     if dim <= 2:
         raise ValueError(f"head_dim={dim} is invalid: NTK-aware scaling needs head_dim > 2")
-    return dim / (dim - 2)
+    return theta * scale ** (dim / (dim - 2))
 
 
 def _linear(dim: int, theta: float, p: Mapping[str, Any], seq_len: int | None,
@@ -207,7 +212,7 @@ def _ntk(dim: int, theta: float, p: Mapping[str, Any], seq_len: int | None,
     # Relation to transformers' dynamic formula theta * (f * L / L0 - (f - 1)) ** (d / (d - 2)):
     # this equals dynamic(factor=1) at L = factor * L0, and dynamic(factor=f) at
     # L = L0 * (2f - 1) / f -- not dynamic(factor=f) at L = f * L0 (that base is f**2 - f + 1).
-    return _unscaled(dim, theta * p["factor"] ** _ntk_exponent(dim), device), 1.0
+    return _unscaled(dim, ntk_base(theta, p["factor"], dim), device), 1.0
 
 
 def _dynamic(dim: int, theta: float, p: Mapping[str, Any], seq_len: int | None,
@@ -219,7 +224,7 @@ def _dynamic(dim: int, theta: float, p: Mapping[str, Any], seq_len: int | None,
     factor = p["factor"]
     # Python floats (float64), as transformers with an int seq_len; see docs/rope_scaling.md.
     scale = factor * seq_len / original - (factor - 1)
-    return _unscaled(dim, theta * scale ** _ntk_exponent(dim), device), 1.0
+    return _unscaled(dim, ntk_base(theta, scale, dim), device), 1.0
 
 
 def yarn_correction_range(dim: int, theta: float, beta_fast: float, beta_slow: float,
@@ -329,6 +334,7 @@ def rope_frequencies(head_dim: int, theta: float, scaling: Mapping[str, Any] | N
 
 __all__ = [
     "normalize_rope_scaling",
+    "ntk_base",
     "rope_depends_on_length",
     "rope_frequencies",
     "yarn_attention_factor",

@@ -1,15 +1,11 @@
-"""Export to and import from transformers' Llama and GPT-2 formats.
-
-A nanoattn model becomes a folder that ``transformers.AutoModelForCausalLM.from_pretrained``
-loads (``config.json`` + ``model.safetensors``, and ``tokenizer.json`` + ``tokenizer_config.json``
-when a tokenizer is given), and such a folder becomes a nanoattn ``GPT``.
+"""transformers' two model formats nanoattn maps to exactly: Llama and GPT-2.
 
 Design:
-- Two families, chosen by the positional encoding: ``pos='rope'`` is Llama (RMSNorm, SwiGLU,
+- The family is chosen by the positional encoding: ``pos='rope'`` is Llama (RMSNorm, SwiGLU,
   MHA/GQA/MQA via ``num_key_value_heads``), ``pos='learned'`` is GPT-2 (LayerNorm with biases,
   tanh-GELU, MHA). Every other choice a family fixes is checked, and a model with no exact
   counterpart is refused with a one-line ``ValueError`` naming the field; nothing is approximated.
-- Weights move through one table of rules per family (``_Rule``) that both directions read, so
+- Weights move through one table of rules per family (``Rule``) that both directions read, so
   export and import cannot disagree. A rule names our tensor, theirs, an optional row split
   (our fused QKV rows [q | k | v] and SwiGLU rows [gate | up] become separate projections) and
   a transpose (GPT-2's ``Conv1D`` stores [in, out], ``nn.Linear`` [out, in]).
@@ -17,44 +13,34 @@ Design:
   rows are copied unpermuted (the tests check logits). Scalings map one to one for linear,
   dynamic, yarn and llama3, written in transformers 5's ``rope_parameters``. transformers has
   no static NTK type; ours only changes the base, so it is exported exactly as a plain
-  (``default``) RoPE with that base and comes back as such.
+  (``default``) RoPE with that base (``rope_scaling.ntk_base``) and comes back as such.
 - transformers' ``dynamic`` takes its original length from ``max_position_embeddings``, so a
   dynamic model writes ``original_max_seq_len`` there; other models write ``max_seq_len``.
-- Neither direction imports transformers (a dev dependency the tests use as the reference):
-  ``config.json`` and safetensors are read and written directly, so import works offline from
-  a local folder. Import follows transformers' defaults and precedence rules for missing keys.
-- Tied embeddings are stored once, as ``save_pretrained`` does; on import a stored
-  ``lm_head.weight`` must then equal the embedding.
+- Reading a config follows transformers' defaults and precedence rules for missing keys.
 """
 
 from __future__ import annotations
 
-import json
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
-from tokenizers import Tokenizer
-
-from nanoattn.checkpoint import load_checkpoint
 from nanoattn.config import ModelConfig
-from nanoattn.model import GPT
+from nanoattn.positional.rope_scaling import ntk_base
 
 # transformers' RoPE types that nanoattn computes identically (see rope_scaling.py).
 HF_ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3")
 # Keys of a nanoattn scaling dict that are not the type's own parameters.
 _COMMON_SCALING_KEYS = ("type", "factor", "original_max_seq_len")
-# Buffers some transformers versions saved with the weights; they are recomputed, never read.
-_IGNORED_TENSORS = re.compile(r"(\.attn\.(masked_)?bias|rotary_emb\.inv_freq)$")
+
+
+# ----------------------------------------------------------------------------- weight rules
 
 
 @dataclass(frozen=True)
-class _Rule:
+class Rule:
+    """How one of our tensors is stored in transformers' format (both directions read it)."""
+
     ours: str  # a GPT state_dict key
     theirs: tuple[str, ...]  # the transformers keys it becomes, in row order
     split: tuple[int, ...] | None = None  # rows of ours per key in theirs (fused projections)
@@ -62,18 +48,18 @@ class _Rule:
 
 
 def _linear_rules(ours: str, theirs: tuple[str, ...], bias: bool, *,
-                  split: tuple[int, ...] | None = None, transpose: bool = False) -> list[_Rule]:
+                  split: tuple[int, ...] | None = None, transpose: bool = False) -> list[Rule]:
     """The weight (and bias) of one linear layer; Conv1D biases are not transposed."""
-    rules = [_Rule(f"{ours}.weight", tuple(f"{t}.weight" for t in theirs), split, transpose)]
+    rules = [Rule(f"{ours}.weight", tuple(f"{t}.weight" for t in theirs), split, transpose)]
     if bias:
-        rules.append(_Rule(f"{ours}.bias", tuple(f"{t}.bias" for t in theirs), split))
+        rules.append(Rule(f"{ours}.bias", tuple(f"{t}.bias" for t in theirs), split))
     return rules
 
 
-def _llama_rules(cfg: ModelConfig) -> list[_Rule]:
+def _llama_rules(cfg: ModelConfig) -> list[Rule]:
     H, Hkv, D, F = cfg.n_head, cfg.n_kv_head, cfg.head_dim, cfg.ffn_dim
-    rules = [_Rule("tok_emb.weight", ("model.embed_tokens.weight",)),
-             _Rule("norm.weight", ("model.norm.weight",))]
+    rules = [Rule("tok_emb.weight", ("model.embed_tokens.weight",)),
+             Rule("norm.weight", ("model.norm.weight",))]
     for i in range(cfg.n_layer):
         ours, theirs = f"blocks.{i}", f"model.layers.{i}"
         rules += _linear_rules(f"{ours}.attn_norm", (f"{theirs}.input_layernorm",), False)
@@ -87,9 +73,9 @@ def _llama_rules(cfg: ModelConfig) -> list[_Rule]:
     return rules
 
 
-def _gpt2_rules(cfg: ModelConfig) -> list[_Rule]:
-    rules = [_Rule("tok_emb.weight", ("transformer.wte.weight",)),
-             _Rule("pos.table.weight", ("transformer.wpe.weight",)),
+def _gpt2_rules(cfg: ModelConfig) -> list[Rule]:
+    rules = [Rule("tok_emb.weight", ("transformer.wte.weight",)),
+             Rule("pos.table.weight", ("transformer.wpe.weight",)),
              *_linear_rules("norm", ("transformer.ln_f",), True)]
     for i in range(cfg.n_layer):
         ours, theirs = f"blocks.{i}", f"transformer.h.{i}"
@@ -113,10 +99,8 @@ def _rope_to_hf(cfg: ModelConfig) -> tuple[int, dict[str, Any]]:
         return cfg.max_seq_len, {"rope_type": "default", "rope_theta": theta}
     kind = scaling["type"]
     if kind == "ntk":
-        # Static NTK is theta' = theta * s ** (d / (d - 2)) and nothing else (rope_scaling._ntk):
-        # the same float64 expression gives bit-identical inverse frequencies as a default RoPE.
-        d = cfg.head_dim
-        base = theta * scaling["factor"] ** (d / (d - 2))
+        # Static NTK changes the base and nothing else: a default RoPE with that base is exact.
+        base = ntk_base(theta, scaling["factor"], cfg.head_dim)
         return cfg.max_seq_len, {"rope_type": "default", "rope_theta": base}
     params = {"rope_type": kind, "rope_theta": theta, "factor": scaling["factor"]}
     if kind == "dynamic":
@@ -256,8 +240,13 @@ def _required(hf: Mapping[str, Any], key: str, where: str) -> Any:
     return hf[key]
 
 
+# ----------------------------------------------------------------------------- the two families
+
+
 @dataclass(frozen=True)
-class _Family:
+class Family:
+    """One transformers format: its names, what it fixes, its config mapping and weight rules."""
+
     title: str  # for messages
     model_type: str
     architecture: str
@@ -266,24 +255,25 @@ class _Family:
     prefix: str  # the body's key prefix, absent in some older saves
     to_config: Callable[[ModelConfig], dict[str, Any]]
     from_config: Callable[[Mapping[str, Any], str], dict[str, Any]]
-    body_rules: Callable[[ModelConfig], list[_Rule]]
+    body_rules: Callable[[ModelConfig], list[Rule]]
 
-    def rules(self, cfg: ModelConfig) -> list[_Rule]:
+    def rules(self, cfg: ModelConfig) -> list[Rule]:
         """Every stored tensor; a tied LM head is the embedding, stored once (as save_pretrained does)."""
-        head = [] if cfg.tie_embeddings else [_Rule("lm_head.weight", ("lm_head.weight",))]
+        head = [] if cfg.tie_embeddings else [Rule("lm_head.weight", ("lm_head.weight",))]
         return self.body_rules(cfg) + head
 
 
-_FAMILIES = (
-    _Family("Llama", "llama", "LlamaForCausalLM", "rope", {"norm": "rmsnorm", "mlp": "swiglu"}, "model.",
+FAMILIES = (
+    Family("Llama", "llama", "LlamaForCausalLM", "rope", {"norm": "rmsnorm", "mlp": "swiglu"}, "model.",
             _llama_config, _llama_fields, _llama_rules),
-    _Family("GPT-2", "gpt2", "GPT2LMHeadModel", "learned", {"norm": "layernorm", "mlp": "gelu", "bias": True},
+    Family("GPT-2", "gpt2", "GPT2LMHeadModel", "learned", {"norm": "layernorm", "mlp": "gelu", "bias": True},
             "transformer.", _gpt2_config, _gpt2_fields, _gpt2_rules),
 )
 
 
-def _family_for(cfg: ModelConfig) -> _Family:
-    for family in _FAMILIES:
+def family_for(cfg: ModelConfig) -> Family:
+    """The format ``cfg`` exports as, or a one-line refusal naming the field with no counterpart."""
+    for family in FAMILIES:
         if cfg.pos == family.pos:
             for field, want in family.needs.items():
                 if getattr(cfg, field) != want:
@@ -291,167 +281,25 @@ def _family_for(cfg: ModelConfig) -> _Family:
                                      f"transformers' {family.title} format (pos={cfg.pos!r} exports as "
                                      f"{family.title}, which needs {field}={want!r})")
             return family
-    supported = ", ".join(f"pos={f.pos!r} ({f.title})" for f in _FAMILIES)
+    supported = ", ".join(f"pos={f.pos!r} ({f.title})" for f in FAMILIES)
     raise ValueError(f"model.pos={cfg.pos!r} has no transformers counterpart; export supports {supported}")
 
 
-# ----------------------------------------------------------------------------- export
-
-
-def export_hf(model: GPT, out_dir: str | Path, tokenizer: Tokenizer | None = None) -> Path:
-    """Write ``model`` as a transformers folder (Llama for RoPE, GPT-2 for learned positions).
-
-    ``tokenizer`` (a ``tokenizers.Tokenizer``) adds ``tokenizer.json`` and a minimal
-    ``tokenizer_config.json`` so ``AutoTokenizer.from_pretrained(out_dir)`` works; its
-    ``<|endoftext|>`` becomes the end-of-sequence token. ``out_dir`` must be new or empty.
-    """
-    cfg = model.cfg
-    family = _family_for(cfg)
-    config = family.to_config(cfg)
-    out = Path(out_dir)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise ValueError(f"export_hf: {str(out)!r} exists and is not an empty folder; choose a new one "
-                         f"(nothing is overwritten)")
-    eos = None
-    if tokenizer is not None:
-        from nanoattn.data.tokenizer import EOT  # nanoattn.data loads `datasets` (~1 s): only when needed
-
-        if tokenizer.get_vocab_size() > cfg.vocab_size:
-            raise ValueError(f"export_hf: the tokenizer has {tokenizer.get_vocab_size()} tokens, more than "
-                             f"model.vocab_size={cfg.vocab_size}")
-        eos = tokenizer.token_to_id(EOT)
-    dtype = next(model.parameters()).dtype
-    config = {"architectures": [family.architecture], "model_type": family.model_type, **config,
-              # Explicit ids: transformers' defaults (Llama 1/2, GPT-2 50256) would end generation early.
-              "bos_token_id": None, "eos_token_id": eos, "pad_token_id": None,
-              "dtype": str(dtype).removeprefix("torch."), "use_cache": True}
-
-    state = {key: value.detach().cpu() for key, value in model.state_dict().items()}
-    tensors = {}
-    for rule in family.rules(cfg):
-        tensor = state[rule.ours]
-        pieces = tensor.split(list(rule.split), dim=0) if rule.split else (tensor,)  # row blocks of ours
-        for name, piece in zip(rule.theirs, pieces, strict=True):
-            tensors[name] = (piece.T if rule.transpose else piece).contiguous()
-
-    out.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})  # transformers checks "format"
-    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    if tokenizer is not None:
-        tokenizer.save(str(out / "tokenizer.json"))
-        special = {} if eos is None else {"eos_token": tokenizer.id_to_token(eos)}
-        (out / "tokenizer_config.json").write_text(
-            json.dumps({"tokenizer_class": "PreTrainedTokenizerFast", **special}, indent=2) + "\n")
-    return out
-
-
-def export_checkpoint(ckpt: str | Path | None, out: str | Path | None, *,
-                      rope_scaling: Mapping[str, Any] | None = None) -> Path:
-    """Export a nanoattn checkpoint (or a run's latest), optionally with a zero-shot RoPE scaling.
-
-    The arguments are ``scripts/export_hf.py``'s keys; ``rope_scaling``'s original_max_seq_len
-    defaults to the length the checkpoint was trained at.
-    """
-    for key, value in (("ckpt", ckpt), ("out", out)):
-        if not value:
-            raise ValueError(f"{key}={value!r} is invalid: required (ckpt: a checkpoint or run directory, "
-                             f"out: a new folder)")
-    loaded = load_checkpoint(ckpt, rope_scaling=rope_scaling)
-    return export_hf(loaded.model, out, loaded.tokenizer)
-
-
-# ----------------------------------------------------------------------------- import
-
-
-def _read_config(path: Path) -> tuple[_Family, ModelConfig]:
-    """The family and the equivalent ModelConfig of a folder's config.json, or a clear refusal."""
-    file = path / "config.json"
-    if not file.is_file():
-        raise ValueError(f"{path}: no config.json (not a transformers model folder)")
-    try:
-        hf = json.loads(file.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ValueError(f"{file} is unreadable or not JSON: {e}") from None
+def read_hf_config(hf: Mapping[str, Any], where: str) -> tuple[Family, ModelConfig]:
+    """The family and the equivalent ModelConfig of a parsed config.json, or a clear refusal."""
     model_type = hf.get("model_type")
-    family = next((f for f in _FAMILIES if f.model_type == model_type), None)
+    family = next((f for f in FAMILIES if f.model_type == model_type), None)
     if family is None:
-        supported = ", ".join(f"{f.model_type!r} ({f.architecture})" for f in _FAMILIES)
-        raise ValueError(f"{file}: model_type={model_type!r} is not supported; import reads {supported}")
+        supported = ", ".join(f"{f.model_type!r} ({f.architecture})" for f in FAMILIES)
+        raise ValueError(f"{where}: model_type={model_type!r} is not supported; import reads {supported}")
     architectures = hf.get("architectures") or [family.architecture]
     if family.architecture not in architectures:
-        raise ValueError(f"{file}: architectures={architectures} is not supported: import needs "
+        raise ValueError(f"{where}: architectures={architectures} is not supported: import needs "
                          f"{family.architecture} (a causal LM head)")
     if hf.get("quantization_config"):
-        raise ValueError(f"{file}: quantized weights (quantization_config) are not supported")
-    fields = family.from_config(hf, str(file))
+        raise ValueError(f"{where}: quantized weights (quantization_config) are not supported")
+    fields = family.from_config(hf, where)
     try:
         return family, ModelConfig.from_dict(fields)
     except ValueError as e:
-        raise ValueError(f"{file}: {e}") from None
-
-
-def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of a single or sharded safetensors checkpoint."""
-    index = path / "model.safetensors.index.json"
-    if (path / "model.safetensors").is_file():
-        files = [path / "model.safetensors"]
-    elif index.is_file():
-        files = [path / name for name in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
-    else:
-        found = sorted(p.name for p in path.glob("*.bin"))
-        hint = f" (found {', '.join(found)}; re-save with save_pretrained)" if found else ""
-        raise ValueError(f"{path}: no model.safetensors or model.safetensors.index.json{hint}")
-    tensors: dict[str, torch.Tensor] = {}
-    for file in files:
-        try:
-            tensors.update(load_file(file))
-        except (SafetensorError, OSError) as e:
-            raise ValueError(f"{file} is corrupt or unreadable: {e}") from None
-    return tensors
-
-
-def import_hf(path: str | Path, *, device: str | torch.device = "cpu") -> GPT:
-    """A nanoattn GPT (float32, eval mode) from a local transformers Llama or GPT-2 folder."""
-    path = Path(path)
-    family, cfg = _read_config(path)
-    # Older saves (the original GPT-2 upload) store the body without its prefix.
-    tensors = {(k if k.startswith(family.prefix) or k == "lm_head.weight" else family.prefix + k): v
-               for k, v in _read_tensors(path).items()}
-    state = {}
-    for rule in family.rules(cfg):
-        missing = [name for name in rule.theirs if name not in tensors]
-        if missing:
-            raise ValueError(f"{path}: tensor {missing[0]!r} is missing from the weights")
-        pieces = [tensors.pop(name) for name in rule.theirs]
-        pieces = [piece.T if rule.transpose else piece for piece in pieces]
-        state[rule.ours] = torch.cat(pieces, dim=0) if len(pieces) > 1 else pieces[0]  # our fused rows
-    if cfg.tie_embeddings:
-        head = tensors.pop("lm_head.weight", None)
-        if head is not None and not torch.equal(head, state["tok_emb.weight"]):
-            raise ValueError(f"{path}: tie_word_embeddings is true but lm_head.weight differs from "
-                             f"the embedding")
-        state["lm_head.weight"] = state["tok_emb.weight"]
-    unknown = sorted(k for k in tensors if not _IGNORED_TENSORS.search(k))
-    if unknown:
-        raise ValueError(f"{path}: tensor {unknown[0]!r} ({len(unknown)} unexpected in all) has no place in "
-                         f"nanoattn's {family.title} model")
-    with torch.device(device):
-        model = GPT(cfg)
-    try:
-        model.load_state_dict(state, strict=True)
-    except RuntimeError as e:
-        detail = " ".join(str(e).split())[:300]  # torch's message spans lines
-        raise ValueError(f"{path}: the weights do not match config.json: {detail}") from None
-    return model.eval()
-
-
-def load_hf_tokenizer(path: str | Path) -> Tokenizer:
-    """The ``tokenizers.Tokenizer`` of a transformers folder's ``tokenizer.json``."""
-    file = Path(path) / "tokenizer.json"
-    if not file.is_file():
-        raise ValueError(f"{path}: no tokenizer.json; transformers writes one with "
-                         f"AutoTokenizer.from_pretrained(path).save_pretrained(path)")
-    return Tokenizer.from_file(str(file))
-
-
-__all__ = ["HF_ROPE_TYPES", "export_checkpoint", "export_hf", "import_hf", "load_hf_tokenizer"]
+        raise ValueError(f"{where}: {e}") from None

@@ -1,0 +1,156 @@
+"""Reading and writing transformers model folders: ``export_hf``, ``import_hf``, ``load_hf_tokenizer``.
+
+Design:
+- Neither direction imports transformers (a dev dependency the tests use as the reference):
+  ``config.json`` and safetensors are read and written directly, so import works offline from
+  a local folder. What maps to what is ``formats``' business; this module moves files.
+- Tied embeddings are stored once, as ``save_pretrained`` does; on import a stored
+  ``lm_head.weight`` must then equal the embedding.
+- Export never overwrites: ``out_dir`` must be new or empty.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from tokenizers import Tokenizer
+
+from nanoattn.config import ModelConfig
+from nanoattn.data.tokenizer import EOT
+from nanoattn.hf.formats import Family, family_for, read_hf_config
+from nanoattn.model import GPT
+
+# Buffers some transformers versions saved with the weights; they are recomputed, never read.
+_IGNORED_TENSORS = re.compile(r"(\.attn\.(masked_)?bias|rotary_emb\.inv_freq)$")
+
+
+# ----------------------------------------------------------------------------- export
+
+
+def export_hf(model: GPT, out_dir: str | Path, tokenizer: Tokenizer | None = None) -> Path:
+    """Write ``model`` as a transformers folder (Llama for RoPE, GPT-2 for learned positions).
+
+    ``tokenizer`` (a ``tokenizers.Tokenizer``) adds ``tokenizer.json`` and a minimal
+    ``tokenizer_config.json`` so ``AutoTokenizer.from_pretrained(out_dir)`` works; its
+    ``<|endoftext|>`` becomes the end-of-sequence token. ``out_dir`` must be new or empty.
+    """
+    cfg = model.cfg
+    family = family_for(cfg)
+    config = family.to_config(cfg)
+    out = Path(out_dir)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ValueError(f"export_hf: {str(out)!r} exists and is not an empty folder; choose a new one "
+                         f"(nothing is overwritten)")
+    eos = None
+    if tokenizer is not None:
+        if tokenizer.get_vocab_size() > cfg.vocab_size:
+            raise ValueError(f"export_hf: the tokenizer has {tokenizer.get_vocab_size()} tokens, more than "
+                             f"model.vocab_size={cfg.vocab_size}")
+        eos = tokenizer.token_to_id(EOT)
+    dtype = next(model.parameters()).dtype
+    config = {"architectures": [family.architecture], "model_type": family.model_type, **config,
+              # Explicit ids: transformers' defaults (Llama 1/2, GPT-2 50256) would end generation early.
+              "bos_token_id": None, "eos_token_id": eos, "pad_token_id": None,
+              "dtype": str(dtype).removeprefix("torch."), "use_cache": True}
+
+    state = {key: value.detach().cpu() for key, value in model.state_dict().items()}
+    tensors = {}
+    for rule in family.rules(cfg):
+        tensor = state[rule.ours]
+        pieces = tensor.split(list(rule.split), dim=0) if rule.split else (tensor,)  # row blocks of ours
+        for name, piece in zip(rule.theirs, pieces, strict=True):
+            tensors[name] = (piece.T if rule.transpose else piece).contiguous()
+
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})  # transformers checks "format"
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    if tokenizer is not None:
+        tokenizer.save(str(out / "tokenizer.json"))
+        special = {} if eos is None else {"eos_token": tokenizer.id_to_token(eos)}
+        (out / "tokenizer_config.json").write_text(
+            json.dumps({"tokenizer_class": "PreTrainedTokenizerFast", **special}, indent=2) + "\n")
+    return out
+
+
+# ----------------------------------------------------------------------------- import
+
+
+def _read_config(path: Path) -> tuple[Family, ModelConfig]:
+    """The family and the equivalent ModelConfig of a folder's config.json."""
+    file = path / "config.json"
+    if not file.is_file():
+        raise ValueError(f"{path}: no config.json (not a transformers model folder)")
+    try:
+        hf = json.loads(file.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"{file} is unreadable or not JSON: {e}") from None
+    return read_hf_config(hf, str(file))
+
+
+def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a single or sharded safetensors checkpoint."""
+    index = path / "model.safetensors.index.json"
+    if (path / "model.safetensors").is_file():
+        files = [path / "model.safetensors"]
+    elif index.is_file():
+        files = [path / name for name in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
+    else:
+        found = sorted(p.name for p in path.glob("*.bin"))
+        hint = f" (found {', '.join(found)}; re-save with save_pretrained)" if found else ""
+        raise ValueError(f"{path}: no model.safetensors or model.safetensors.index.json{hint}")
+    tensors: dict[str, torch.Tensor] = {}
+    for file in files:
+        try:
+            tensors.update(load_file(file))
+        except (SafetensorError, OSError) as e:
+            raise ValueError(f"{file} is corrupt or unreadable: {e}") from None
+    return tensors
+
+
+def import_hf(path: str | Path, *, device: str | torch.device = "cpu") -> GPT:
+    """A nanoattn GPT (float32, eval mode) from a local transformers Llama or GPT-2 folder."""
+    path = Path(path)
+    family, cfg = _read_config(path)
+    # Older saves (the original GPT-2 upload) store the body without its prefix.
+    tensors = {(k if k.startswith(family.prefix) or k == "lm_head.weight" else family.prefix + k): v
+               for k, v in _read_tensors(path).items()}
+    state = {}
+    for rule in family.rules(cfg):
+        missing = [name for name in rule.theirs if name not in tensors]
+        if missing:
+            raise ValueError(f"{path}: tensor {missing[0]!r} is missing from the weights")
+        pieces = [tensors.pop(name) for name in rule.theirs]
+        pieces = [piece.T if rule.transpose else piece for piece in pieces]
+        state[rule.ours] = torch.cat(pieces, dim=0) if len(pieces) > 1 else pieces[0]  # our fused rows
+    if cfg.tie_embeddings:
+        head = tensors.pop("lm_head.weight", None)
+        if head is not None and not torch.equal(head, state["tok_emb.weight"]):
+            raise ValueError(f"{path}: tie_word_embeddings is true but lm_head.weight differs from "
+                             f"the embedding")
+        state["lm_head.weight"] = state["tok_emb.weight"]
+    unknown = sorted(k for k in tensors if not _IGNORED_TENSORS.search(k))
+    if unknown:
+        raise ValueError(f"{path}: tensor {unknown[0]!r} ({len(unknown)} unexpected in all) has no place in "
+                         f"nanoattn's {family.title} model")
+    with torch.device(device):
+        model = GPT(cfg)
+    try:
+        model.load_state_dict(state, strict=True)
+    except RuntimeError as e:
+        detail = " ".join(str(e).split())[:300]  # torch's message spans lines
+        raise ValueError(f"{path}: the weights do not match config.json: {detail}") from None
+    return model.eval()
+
+
+def load_hf_tokenizer(path: str | Path) -> Tokenizer:
+    """The ``tokenizers.Tokenizer`` of a transformers folder's ``tokenizer.json``."""
+    file = Path(path) / "tokenizer.json"
+    if not file.is_file():
+        raise ValueError(f"{path}: no tokenizer.json; transformers writes one with "
+                         f"AutoTokenizer.from_pretrained(path).save_pretrained(path)")
+    return Tokenizer.from_file(str(file))
