@@ -42,6 +42,7 @@ from typing import Any, NamedTuple
 import torch
 
 from nanoattn.model import GPT, KVCache
+from nanoattn.runtime import check_fits
 from nanoattn.validation import check_non_negative_int, fail, is_int
 
 OWNER = "generate"
@@ -153,7 +154,7 @@ class Decoding:
                  top_k: int | None = None, top_p: float | None = None, min_p: float | None = None,
                  repetition_penalty: float = 1.0, stop_tokens: Iterable[int] | None = None,
                  use_cache: bool = True, sliding_window: bool = False,
-                 generator: torch.Generator | None = None) -> None:
+                 generator: torch.Generator | None = None, vocab_limit: int | None = None) -> None:
         cfg = model.cfg
         if not isinstance(idx, torch.Tensor) or idx.dim() != 2 or idx.dtype != torch.long or idx.numel() == 0:
             fail(OWNER, "idx", getattr(idx, "shape", idx), "must be a non-empty int64 tensor [B, T]")
@@ -171,6 +172,10 @@ class Decoding:
         stops = sorted(set(stop_tokens or ()))
         if any(not is_int(t) or not 0 <= t < cfg.vocab_size for t in stops):
             fail(OWNER, "stop_tokens", stops, f"must be token ids in [0, {cfg.vocab_size})")
+        if vocab_limit is not None and not (is_int(vocab_limit) and 0 < vocab_limit <= cfg.vocab_size):
+            fail(OWNER, "vocab_limit", vocab_limit, f"must be an integer in [1, {cfg.vocab_size}]")
+        # Ids from vocab_limit on (a vocabulary rounded up past the tokenizer's) are never picked.
+        self.vocab_limit = cfg.vocab_size if vocab_limit is None else vocab_limit
 
         B, T = idx.shape
         self.end = T + max_new_tokens
@@ -182,6 +187,8 @@ class Decoding:
                 raise ValueError(f"prompt ({T}) + max_new_tokens ({max_new_tokens}) = {self.end} tokens: "
                                  f"{e}; sliding_window=True re-encodes the last {cfg.max_seq_len} tokens "
                                  f"at each step instead") from None
+        check_fits(B * self.end * idx.element_size(), idx.device,
+                   f"the token buffer for {B} sequence(s) x {self.end} tokens")
         self.model, self.device = model, idx.device
         self.temperature, self.repetition_penalty, self.generator = temperature, repetition_penalty, generator
         self.filters = [(LOGIT_FILTERS[name].apply, value) for name, value in values.items()
@@ -240,6 +247,9 @@ class Decoding:
         return self.model.lm_head(hidden[:, -1]).float()  # [B, V]: only the last position is needed
 
     def _pick(self, logits: torch.Tensor) -> torch.Tensor:
+        if self.vocab_limit < logits.shape[-1]:
+            logits = logits.clone()
+            logits[:, self.vocab_limit:] = float("-inf")  # [B, V]: padding rows have no token
         if self.repetition_penalty != 1.0:
             logits = apply_repetition_penalty(logits, self.idx, self.repetition_penalty)
         if self.temperature == 0:
@@ -254,14 +264,15 @@ def generate(model: GPT, idx: torch.Tensor, max_new_tokens: int, *, temperature:
              top_k: int | None = None, top_p: float | None = None, min_p: float | None = None,
              repetition_penalty: float = 1.0, stop_tokens: Iterable[int] | None = None,
              use_cache: bool = True, sliding_window: bool = False,
-             generator: torch.Generator | None = None) -> torch.Tensor:
+             generator: torch.Generator | None = None, vocab_limit: int | None = None) -> torch.Tensor:
     """idx [B, T] -> [B, T + n]: n = max_new_tokens, or fewer when every sequence picked a stop token.
 
     A sequence that stopped early is padded with its stop token repeated. See ``Decoding``.
     """
     decoding = Decoding(model, idx, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                         min_p=min_p, repetition_penalty=repetition_penalty, stop_tokens=stop_tokens,
-                        use_cache=use_cache, sliding_window=sliding_window, generator=generator)
+                        use_cache=use_cache, sliding_window=sliding_window, generator=generator,
+                        vocab_limit=vocab_limit)
     for _ in decoding:
         pass
     return decoding.idx.clone()  # cloned outside inference mode: an ordinary tensor
@@ -315,8 +326,10 @@ def sample_text(model: GPT, tokenizer, prompt_ids: Sequence[int], max_new_tokens
     """Decode ``num_samples`` continuations of one prompt in a batch; return their texts and the Decoding.
 
     Each text ends before its first stop string or stop token; ``on_text(sample, piece)`` is
-    called with text as soon as it is final. ``options`` go to ``Decoding``.
+    called with text as soon as it is final. ``options`` go to ``Decoding``; only ids the
+    tokenizer has are drawn (``vocab_limit``), since the others decode to nothing.
     """
+    options.setdefault("vocab_limit", min(tokenizer.get_vocab_size(), model.cfg.vocab_size))
     idx = torch.tensor([list(prompt_ids)] * num_samples, dtype=torch.long,
                        device=model.tok_emb.weight.device)  # [num_samples, T]
     decoding = Decoding(model, idx, max_new_tokens, **options)

@@ -84,6 +84,21 @@ def autocast(device: torch.device, dtype: torch.dtype | None):
     return torch.autocast(device.type, dtype=dtype)
 
 
+def memory_bytes(device: torch.device) -> int:
+    """The memory a tensor on ``device`` can use: the GPU's, else the machine's physical memory."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def check_fits(nbytes: int, device: torch.device, what: str) -> None:
+    """Refuse, before allocating, a buffer larger than the device's memory (one line naming ``what``)."""
+    have = memory_bytes(device)
+    if nbytes > have:
+        raise ValueError(f"{what} needs {nbytes / 2**30:,.1f} GiB, more than the {have / 2**30:,.1f} GiB "
+                         f"of {device}; ask for fewer samples or new tokens")
+
+
 def synchronize(device: torch.device) -> None:
     """Wait for queued GPU work, so a timer or memory reading sees it finished."""
     if device.type == "cuda":

@@ -45,6 +45,11 @@ CONFIG_PATH = str(Path(__file__).resolve().parent.parent / "configs")
 OPEN_MAPPINGS = ("rope_scaling.",)
 
 
+# ``${pid:}`` in a default out_dir: runs started in the same second by different processes get
+# different directories (under torchrun rank 0's is the one used; the others' empty ones are removed).
+OmegaConf.register_new_resolver("pid", os.getpid)
+
+
 def declared_defaults(cls: type) -> dict[str, Any]:
     """{field: its declared default} for dataclass ``cls``, nested dataclasses as dicts."""
     out: dict[str, Any] = {}

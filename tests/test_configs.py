@@ -3,6 +3,7 @@ into a valid RunConfig; the model group is nanoattn.config.PRESETS, registered b
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -78,6 +79,7 @@ def test_the_default_run_is_the_dataclass_defaults_with_llama_tiny():
     assert run.train == TrainConfig() and run.logger == LoggerConfig()
     assert run.model == preset("llama-tiny") and run.data.name == "shakespeare"
     assert run.out_dir.startswith("runs/")
+    assert run.out_dir.endswith(f"-{os.getpid()}")  # two runs started in the same second cannot collide
 
 
 @pytest.mark.parametrize("logger", _names("logger"))

@@ -334,3 +334,52 @@ def test_export_script_writes_a_loadable_folder_and_reports_mistakes_in_one_line
         _, err = process.communicate(timeout=300)
         assert process.returncode == 1 and err.startswith(expected), err
         assert err.count("\n") == 1 and "Traceback" not in err
+
+
+# ----------------------------------------------------------------------------- untrusted folders
+
+
+def test_an_index_naming_a_file_outside_its_folder_is_refused(tmp_path):
+    folder = export_hf(model(**LLAMA), tmp_path / "hf")
+    outside = tmp_path / "outside.safetensors"
+    (folder / "model.safetensors").rename(outside)
+    for name in ("../outside.safetensors", str(outside)):
+        (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"x": name}}))
+        with pytest.raises(ValueError, match=r"names .*: shards must be files inside"):
+            import_hf(folder)
+    (folder / "link.safetensors").symlink_to(outside)
+    index = {"weight_map": {"x": "link.safetensors"}}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(ValueError, match=r"names 'link.safetensors': shards must be files inside"):
+        import_hf(folder)
+
+
+def test_a_huge_vocab_in_config_json_is_refused_before_allocating(tmp_path):
+    folder = export_hf(model(**LLAMA), tmp_path / "hf")
+    config = json.loads((folder / "config.json").read_text())
+    config["vocab_size"] = 1_000_000_000
+    (folder / "config.json").write_text(json.dumps(config))
+    code = ("import resource\nfrom nanoattn.hf import import_hf\n"
+            f"try:\n    import_hf({str(folder)!r})\nexcept ValueError as e:\n    print(e)\n"
+            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n")
+    message, peak_kib = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                       check=True).stdout.strip().splitlines()
+    assert "the weights do not match config.json: tok_emb.weight has shape" in message
+    assert "[1000000000, 64] in the config" in message
+    assert int(peak_kib) < 1024 * 1024  # under 1 GB: the 256 GB model was never built
+
+
+@pytest.mark.parametrize("bad", ["nan", "int64"])
+def test_non_finite_or_integer_weights_are_refused(tmp_path, bad):
+    folder = export_hf(model(**LLAMA), tmp_path / "hf")
+    tensors = load_file(folder / "model.safetensors")
+    name = "model.layers.0.self_attn.q_proj.weight"
+    tensors[name] = tensors[name].clone()
+    if bad == "nan":
+        tensors[name][0, 0] = float("nan")
+    else:
+        tensors[name] = tensors[name].long()
+    save_file(tensors, folder / "model.safetensors")
+    refusal = "holds NaN or infinite values" if bad == "nan" else "is torch.int64: weights must be floating"
+    with pytest.raises(ValueError, match=refusal):
+        import_hf(folder)

@@ -19,9 +19,10 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 from tokenizers import AddedToken, Tokenizer, decoders, models
 
-from nanoattn import GPT, ModelConfig
+from nanoattn import GPT, ModelConfig, runtime
 from nanoattn.checkpoint import save_checkpoint
 from nanoattn.commands.sample import SampleConfig, sample, unescape
+from nanoattn.generate import sample_text
 from nanoattn.runtime import autocast_dtype
 from nanoattn.validation import from_dict
 
@@ -167,3 +168,33 @@ def test_sample_config_errors(values, match):
 
 def test_unescape():
     assert unescape(r"ROMEO:\n\tx \\n") == "ROMEO:\n\tx \\n"
+
+
+def test_padding_ids_past_the_tokenizer_are_never_sampled(tmp_path):
+    vocab = {"<|endoftext|>": 0, **{c: i + 1 for i, c in enumerate(CHARS)}}
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=len(vocab) + 64, d_model=32, n_layer=1, n_head=2, max_seq_len=MAX_SEQ_LEN)
+    model = GPT(cfg).eval()
+    with torch.no_grad():
+        model.lm_head.weight[len(vocab):] *= 50  # the padding rows would win almost every draw
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    _, decoding = sample_text(model, tokenizer, [0], 200, num_samples=4, temperature=1.0,
+                              generator=torch.Generator().manual_seed(0))
+    assert int(decoding.idx.max()) < len(vocab)
+    assert int(decoding.last_logits.argmax(-1).min()) >= len(vocab)  # they were the likeliest, and masked
+
+
+def test_a_huge_batch_or_length_is_refused_before_allocating(runs, monkeypatch):
+    monkeypatch.setattr(runtime, "memory_bytes", lambda device: 2**30)  # a machine with 1 GiB
+    with pytest.raises(ValueError, match=r"^the token buffer for 1000 sequence\(s\) x 200000001 tokens needs "
+                                         r"1,490\.1 GiB, more than the 1\.0 GiB of cpu; ask for fewer"):
+        in_process(runs, max_new_tokens=200_000_000, num_samples=1000)
+    # K and V: 2 layers x 2 kv heads x head_dim 8 x 4 bytes x 2 = 256 bytes a token:
+    with pytest.raises(ValueError, match=r"^a KV cache for 64 sequence\(s\) x 1000001 tokens needs 15\.3 GiB"
+                                         r", more than"):
+        in_process(runs, max_new_tokens=1_000_000, num_samples=64, dtype="float32")
+
+
+def test_a_missing_prompt_file_is_one_line(runs, tmp_path):
+    with pytest.raises(ValueError, match=r"^sample\.prompt_file='.*nope\.txt' cannot be read: No such file"):
+        in_process(runs, prompt_file=str(tmp_path / "nope.txt"))

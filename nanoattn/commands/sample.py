@@ -82,6 +82,14 @@ class SampleConfig:
             fail(OWNER, "rope_scaling", self.rope_scaling, "must be a mapping, e.g. {type: yarn, factor: 4}")
 
 
+def read_prompt_file(path: str) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        reason = getattr(e, "strerror", None) or e
+        raise ValueError(f"{OWNER}.prompt_file={path!r} cannot be read: {reason}") from None
+
+
 def sample(cfg: SampleConfig, *, out: TextIO | None = None, err: TextIO | None = None) -> list[str]:
     """Load ``cfg.ckpt``, print the prompt followed by each continuation to ``out`` and a line of
     speed and KV-cache size to ``err``; return the continuations.
@@ -97,7 +105,7 @@ def sample(cfg: SampleConfig, *, out: TextIO | None = None, err: TextIO | None =
     tokenizer = ckpt.tokenizer
     if tokenizer is None:
         raise ValueError(f"checkpoint {ckpt.path} has no tokenizer.json: it cannot turn text into tokens")
-    prompt = Path(cfg.prompt_file).read_text(encoding="utf-8") if cfg.prompt_file else cfg.prompt or ""
+    prompt = read_prompt_file(cfg.prompt_file) if cfg.prompt_file else cfg.prompt or ""
     eot = tokenizer.token_to_id(EOT)
     prompt_ids = tokenizer.encode(prompt).ids if prompt else [eot] if eot is not None else []
     if not prompt_ids:

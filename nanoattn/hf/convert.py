@@ -92,13 +92,31 @@ def _read_config(path: Path) -> tuple[Family, ModelConfig]:
     return read_hf_config(hf, str(file))
 
 
+def _shard_files(index: Path) -> list[Path]:
+    """The shards a ``model.safetensors.index.json`` names, each a plain file inside its folder."""
+    try:
+        weight_map = json.loads(index.read_text()).get("weight_map")
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError) as e:
+        raise ValueError(f"{index} is unreadable or not a JSON object: {e}") from None
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise ValueError(f"{index}: weight_map must map tensor names to shard file names")
+    folder = index.parent.resolve()
+    files = []
+    for name in sorted(set(weight_map.values())):
+        file = index.parent / name
+        if Path(name).name != name or file.is_symlink() or file.resolve().parent != folder:
+            raise ValueError(f"{index} names {name!r}: shards must be files inside {index.parent}")
+        files.append(file)
+    return files
+
+
 def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
     """Every tensor of a single or sharded safetensors checkpoint."""
     index = path / "model.safetensors.index.json"
     if (path / "model.safetensors").is_file():
         files = [path / "model.safetensors"]
     elif index.is_file():
-        files = [path / name for name in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
+        files = _shard_files(index)
     else:
         found = sorted(p.name for p in path.glob("*.bin"))
         hint = f" (found {', '.join(found)}; re-save with save_pretrained)" if found else ""
@@ -109,6 +127,10 @@ def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
             tensors.update(load_file(file))
         except (SafetensorError, OSError) as e:
             raise ValueError(f"{file} is corrupt or unreadable: {e}") from None
+    # Floating weights only: upcasting those to float32 is exact, an integer tensor is not a weight.
+    integer = next((name for name, t in tensors.items() if not t.is_floating_point()), None)
+    if integer is not None:
+        raise ValueError(f"{path}: {integer} is {tensors[integer].dtype}: weights must be floating point")
     return tensors
 
 
@@ -137,14 +159,24 @@ def import_hf(path: str | Path, *, device: str | torch.device = "cpu") -> GPT:
     if unknown:
         raise ValueError(f"{path}: tensor {unknown[0]!r} ({len(unknown)} unexpected in all) has no place in "
                          f"nanoattn's {family.title} model")
+    _check_state(path, cfg, state)
     with torch.device(device):
         model = GPT(cfg)
-    try:
-        model.load_state_dict(state, strict=True)
-    except RuntimeError as e:
-        detail = " ".join(str(e).split())[:300]  # torch's message spans lines
-        raise ValueError(f"{path}: the weights do not match config.json: {detail}") from None
+    model.load_state_dict({k: v.float() for k, v in state.items()}, strict=True)
     return model.eval()
+
+
+def _check_state(path: Path, cfg: ModelConfig, state: dict[str, torch.Tensor]) -> None:
+    """Shapes against a model on the meta device (no memory: config.json's sizes are not trusted
+    before the weights agree), then finiteness, each refused in one line."""
+    with torch.device("meta"):
+        expected = GPT(cfg).state_dict()
+    for name, tensor in state.items():
+        if tuple(tensor.shape) != tuple(expected[name].shape):
+            shapes = f"{list(tensor.shape)} in the weights, {list(expected[name].shape)} in the config"
+            raise ValueError(f"{path}: the weights do not match config.json: {name} has shape {shapes}")
+        if not torch.isfinite(tensor).all():
+            raise ValueError(f"{path}: {name} holds NaN or infinite values")
 
 
 def load_hf_tokenizer(path: str | Path) -> Tokenizer:

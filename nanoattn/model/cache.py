@@ -3,17 +3,25 @@
 It is sized to what will be decoded (prompt + new tokens), not to the model's maximum: a
 cache of the maximum size makes every decoding step attend over empty slots. The next
 token's position is the number of tokens already cached. GQA and MQA shrink it by
-n_head / n_kv_head, since only the shared K/V heads are stored.
+n_head / n_kv_head, since only the shared K/V heads are stored. Its size is checked against the
+device's memory before anything is allocated, so a huge batch or length is a one-line error.
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
+
+from nanoattn.runtime import check_fits
 
 
 class KVCache:
     def __init__(self, cfg, batch_size: int, capacity: int, *, device=None, dtype=torch.float32) -> None:
         shape = (cfg.n_layer, batch_size, cfg.n_kv_head, capacity, cfg.head_dim)
+        device = torch.device(device) if device is not None else torch.get_default_device()
+        check_fits(2 * math.prod(shape) * dtype.itemsize, device,  # K and V
+                   f"a KV cache for {batch_size} sequence(s) x {capacity} tokens")
         self.k = torch.zeros(shape, device=device, dtype=dtype)  # [L, B, n_kv_head, capacity, head_dim]
         self.v = torch.zeros(shape, device=device, dtype=dtype)
         self.capacity = capacity
