@@ -383,3 +383,17 @@ def test_non_finite_or_integer_weights_are_refused(tmp_path, bad):
     refusal = "holds NaN or infinite values" if bad == "nan" else "is torch.int64: weights must be floating"
     with pytest.raises(ValueError, match=refusal):
         import_hf(folder)
+
+
+@pytest.mark.parametrize("change,message", [
+    (lambda config: [1, 2], "is not a transformers config (a JSON object)"),
+    (lambda config: {**config, "hidden_size": "wide"}, "hidden_size"),
+    (lambda config: {**config, "rope_scaling": [4]}, "rope_scaling"),
+])
+def test_a_malformed_transformers_config_is_one_line(tmp_path, change, message):
+    folder = export_hf(model(**LLAMA), tmp_path / "hf")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(change(config)))
+    with pytest.raises(ValueError) as err:
+        import_hf(folder)
+    assert message in str(err.value) and "\n" not in str(err.value)

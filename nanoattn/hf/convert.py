@@ -87,8 +87,10 @@ def _read_config(path: Path) -> tuple[Family, ModelConfig]:
         raise ValueError(f"{path}: no config.json (not a transformers model folder)")
     try:
         hf = json.loads(file.read_text())
-    except (OSError, json.JSONDecodeError) as e:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ValueError(f"{file} is unreadable or not JSON: {e}") from None
+    if not isinstance(hf, dict):
+        raise ValueError(f"{file} is not a transformers config (a JSON object)")
     return read_hf_config(hf, str(file))
 
 

@@ -27,6 +27,7 @@ from typing import Any
 
 from nanoattn.config import ModelConfig
 from nanoattn.positional.rope_scaling import ntk_base
+from nanoattn.validation import is_int
 
 # transformers' RoPE types that nanoattn computes identically (see rope_scaling.py).
 HF_ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3")
@@ -118,7 +119,10 @@ def _rope_from_hf(hf: Mapping[str, Any], max_len: int, where: str) -> tuple[floa
     A legacy top-level ``rope_scaling`` wins over ``rope_parameters`` and ``rope_theta`` fills in
     a missing base, as in transformers 5's ``convert_rope_params_to_dict``.
     """
-    rope = dict(hf.get("rope_scaling") or hf.get("rope_parameters") or {})
+    rope = hf.get("rope_scaling") or hf.get("rope_parameters") or {}
+    if not isinstance(rope, Mapping):
+        raise ValueError(f"{where}: rope_scaling={rope!r} is invalid: must be a mapping or null")
+    rope = dict(rope)
     theta = float(rope.get("rope_theta", hf.get("rope_theta", 10000.0)))
     kind = rope.get("rope_type", rope.get("type", "default"))
     partial = rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
@@ -234,9 +238,12 @@ def _gpt2_fields(hf: Mapping[str, Any], where: str) -> dict[str, Any]:
                 init_std=hf.get("initializer_range", 0.02))
 
 
-def _required(hf: Mapping[str, Any], key: str, where: str) -> Any:
+def _required(hf: Mapping[str, Any], key: str, where: str) -> int:
+    """A size the config must give: a positive integer."""
     if hf.get(key) is None:
         raise ValueError(f"{where}: {key!r} is missing")
+    if not is_int(hf[key]) or hf[key] <= 0:
+        raise ValueError(f"{where}: {key}={hf[key]!r} is invalid: must be a positive integer")
     return hf[key]
 
 
@@ -298,7 +305,10 @@ def read_hf_config(hf: Mapping[str, Any], where: str) -> tuple[Family, ModelConf
                          f"{family.architecture} (a causal LM head)")
     if hf.get("quantization_config"):
         raise ValueError(f"{where}: quantized weights (quantization_config) are not supported")
-    fields = family.from_config(hf, where)
+    try:
+        fields = family.from_config(hf, where)
+    except TypeError as e:  # arithmetic on a value of the wrong type, e.g. a string where a number goes
+        raise ValueError(f"{where}: a value has the wrong type ({e})") from None
     try:
         return family, ModelConfig.from_dict(fields)
     except ValueError as e:
