@@ -11,6 +11,8 @@
 - ``command`` is a whole script: compose ``configs/<name>.yaml``, build its schema, call the
   library. ``guarded`` is the one error handler: a user's mistake (a bad value, a missing file,
   a Hydra composition error, Ctrl-C) ends in one ``error: ...`` line and a non-zero exit.
+  Required keys are null in the schema and refused by the dataclass (``???`` would not help:
+  OmegaConf's merge keeps the schema's value under it).
 """
 
 from __future__ import annotations
@@ -31,7 +33,6 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import (
     ConfigAttributeError,
     ConfigKeyError,
-    MissingMandatoryValue,
     OmegaConfBaseException,
 )
 
@@ -92,8 +93,6 @@ def _siblings(full_key: str) -> list[str]:
 def one_line(error: BaseException) -> str:
     """Hydra's and OmegaConf's multi-line messages, folded into one line."""
     cause = error.__cause__ or error
-    if isinstance(cause, MissingMandatoryValue):
-        return f"{cause.full_key} is required, e.g. {cause.full_key}=runs/<run>"
     if isinstance(cause, (ConfigAttributeError, ConfigKeyError)) and "not in struct" in str(cause):
         allowed = _siblings(cause.full_key)
         return (f"unknown key {cause.full_key!r}; allowed: {', '.join(allowed)}" if allowed
@@ -144,7 +143,7 @@ def guarded(main: Callable[[], Any], errors: tuple[type[BaseException], ...] = (
 
 
 def to_values(cfg: DictConfig) -> dict[str, Any]:
-    return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+    return OmegaConf.to_container(cfg, resolve=True)
 
 
 def command(name: str, schema: type, run: Callable[[Any], Any]) -> Callable[[], None]:

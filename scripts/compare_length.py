@@ -1,30 +1,16 @@
-"""Compare length evaluations: ``python scripts/compare_length.py RUN_OR_JSON [...] [--out f.png]``.
+"""Compare length evaluations: ``python scripts/compare_length.py 'paths=[runs/a,runs/b]' [out=f.png]``.
 
-Each argument is a ``length_eval*.json`` file or a run directory (then its ``length_eval.json``).
+Each path is a ``length_eval*.json`` file or a run directory (then its ``length_eval.json``).
 Draws one figure with a curve per run and prints the markdown table (also written with
-``--table``); all the work is ``nanoattn.eval.compare_length``. Mistakes end in one ``error:`` line.
+``table=<file>``; ``labels=[...]`` names the runs). Every key:
+``nanoattn.commands.compare_length.CompareLengthConfig``; mistakes end in one ``error:`` line.
 """
 
-import argparse
-import sys
+from _hydra_cli import command
 
-from nanoattn.eval import compare_length
+from nanoattn.commands.compare_length import CompareLengthConfig, compare_length
 
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("paths", nargs="+", help="length_eval JSON files or run directories")
-    parser.add_argument("--out", default="length_compare.png", help="the figure (default: %(default)s)")
-    parser.add_argument("--table", default=None, help="also write the markdown table here")
-    parser.add_argument("--labels", nargs="+", default=None, help="one label per run (default: run names)")
-    args = parser.parse_args()
-    try:
-        table = compare_length(args.paths, labels=args.labels, out=args.out, table_out=args.table)
-    except ValueError as e:
-        sys.exit(f"error: {e}")
-    print(table, end="")
-    print(f"wrote {args.out}" + (f" and {args.table}" if args.table else ""))
-
+main = command("compare_length", CompareLengthConfig, compare_length)
 
 if __name__ == "__main__":
     main()

@@ -55,7 +55,8 @@ def test_library_files_stay_short(path):
 
 
 def test_the_checks_see_a_deferred_and_a_private_import():
-    source = "import os\ndef f():\n    from nanoattn.model import GPT\n    from nanoattn.config import _fail\n"
+    source = ("import os\n"
+              "def f():\n    from nanoattn.model import GPT\n    from nanoattn.config import _fail\n")
     found = list(_imports(ast.parse(source)))
     assert [(module, function) for _, module, _, function in found] == [
         ("os", None), ("nanoattn.model", "f"), ("nanoattn.config", "f")]

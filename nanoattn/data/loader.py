@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from tokenizers import Tokenizer
 
 from nanoattn.data.errors import DataError
 from nanoattn.data.tokenizer import load_tokenizer
@@ -52,6 +53,16 @@ class TokenData:
         self.bytes_per_token: float = self.meta["bytes_per_token"]
         self._dtype = np.dtype(self.meta["dtype"])
         self._tokens: dict[str, np.memmap] = {}
+
+    def check_tokenizer(self, tokenizer: Tokenizer, source: str | Path) -> None:
+        """Refuse this data for a model or run whose tokenizer (from ``source``) is another one.
+
+        Whole tokenizers are compared, not their sizes: another tokenizer's ids mean other tokens,
+        so every loss and sample would be silently wrong.
+        """
+        if tokenizer.to_str() != self.tokenizer.to_str():
+            raise ValueError(f"data folder {self.data_dir} holds another tokenizer than {source}: its token "
+                             "ids would mean other tokens; use the data it was trained on")
 
     def open(self) -> None:
         """Memory-map every split now (else each is mapped on first use)."""

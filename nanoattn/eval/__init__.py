@@ -1,12 +1,17 @@
-"""Evaluation: head analysis (``heads``), length extrapolation (``length``, ``compare``), ``passkey``."""
+"""Evaluation: measurements on models and token streams, and what a checkpoint's evaluation shares.
 
-from nanoattn.eval.compare import compare_length, extrapolation_lab, load_report, markdown_table
+The package exports each module's main entry points; the finer parts (a head's kind rule, its
+attention maps, the head and pruning tables) are imported from their module.
+
+``length`` (perplexity past the training length), ``passkey`` (retrieval, and the training mix),
+``heads`` (what each head does, importance, pruning), ``compare`` (length reports side by side);
+``runs`` loads a run's model and data and names its report files, ``tables`` and ``plots`` draw
+them. The command lines around them (configs, printing) are ``nanoattn.commands``.
+"""
+
+from nanoattn.eval.compare import length_table, load_report
 from nanoattn.eval.heads import (
-    HeadAnalysisConfig,
     ablation_importance,
-    analyze_heads,
-    attention_maps,
-    classify_head,
     delimiter_ids,
     gradient_importance,
     head_statistics,
@@ -17,18 +22,22 @@ from nanoattn.eval.heads import (
 from nanoattn.eval.length import (
     LengthResult,
     LengthSweep,
+    PeakMemory,
     evaluate_lengths,
+    held_out_stream,
     lengths_from_multiples,
-    plot_length_curves,
-    run_length_eval,
     score_length,
 )
-from nanoattn.eval.passkey import PasskeyMix, evaluate_passkey, passkey_table, plot_passkey, run_passkey_eval
+from nanoattn.eval.passkey import PasskeyMix, evaluate_passkey, passkey_summary_table, passkey_table
+from nanoattn.eval.plots import plot_length_curves, plot_passkey
+from nanoattn.eval.runs import load_for_eval, run_data_dir
+from nanoattn.eval.tables import format_table, write_table
 
-__all__ = ["HeadAnalysisConfig", "ablation_importance", "analyze_heads", "attention_maps", "classify_head",
-           "delimiter_ids", "gradient_importance", "head_statistics", "mean_loss", "prune_heads",
-           "pruning_curve",
-           "LengthResult", "LengthSweep", "evaluate_lengths", "lengths_from_multiples", "plot_length_curves",
-           "run_length_eval", "score_length",
-           "compare_length", "extrapolation_lab", "load_report", "markdown_table",
-           "PasskeyMix", "evaluate_passkey", "passkey_table", "plot_passkey", "run_passkey_eval"]
+__all__ = ["ablation_importance", "delimiter_ids", "gradient_importance", "head_statistics", "mean_loss",
+           "prune_heads", "pruning_curve",
+           "LengthResult", "LengthSweep", "PeakMemory", "evaluate_lengths", "held_out_stream",
+           "lengths_from_multiples", "score_length",
+           "length_table", "load_report",
+           "PasskeyMix", "evaluate_passkey", "passkey_summary_table", "passkey_table",
+           "plot_length_curves", "plot_passkey",
+           "load_for_eval", "run_data_dir", "format_table", "write_table"]

@@ -28,15 +28,14 @@ Design choices:
   lab's RoPE model stayed exactly at chance (ln 10 nats per digit) after 1,000 steps of
   passkey-only batches; scoring the key alone, the recipe (configs/experiment/passkey.yaml)
   reaches exact match 1.00 at the training length in 1,200 steps.
+- This module builds samples and scores models; loading a run and writing its report is
+  ``nanoattn.commands.eval_passkey``, the heat map ``plots.py``. ``dtype`` is the runtime
+  vocabulary (``auto | float32 | bfloat16 | float16``), autocast by ``nanoattn.runtime``.
 """
 
 from __future__ import annotations
 
-import json
-import math
-import time
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -44,17 +43,11 @@ import torch
 import torch.nn.functional as F
 
 from nanoattn.data import TokenData
-from nanoattn.eval.length import (
-    DEFAULT_MULTIPLES,
-    _autocast,
-    check_lengths,
-    default_output,
-    lengths_from_multiples,
-    load_for_eval,
-    report_label,
-)
+from nanoattn.eval.length import check_lengths
+from nanoattn.eval.tables import format_table
 from nanoattn.model import IGNORE_INDEX
-from nanoattn.validation import check_positive_int
+from nanoattn.runtime import DTYPES, autocast, autocast_dtype
+from nanoattn.validation import check_choice, check_positive_int
 
 REPORT_STEM = "passkey"  # <run dir>/passkey[_<scaling>][_step<N>].json
 KEY_DIGITS = 5
@@ -110,7 +103,7 @@ def score_passkey(model, samples: torch.Tensor, key_tokens: int,
     """samples int64 [B, T + 1] ending with ``key_tokens`` key ids -> (key log-prob [B], exact match [B])."""
     device = next(model.parameters()).device
     samples = samples.to(device)
-    with _autocast(device, dtype):
+    with autocast(device, autocast_dtype(dtype, device)[0]):
         logits = model(samples[:, :-1])[:, -key_tokens:].float()  # [B, K, V]: the predictions of the key
     targets = samples[:, -key_tokens:]  # [B, K]
     logprob = F.log_softmax(logits, dim=-1).gather(-1, targets[..., None])[..., 0].sum(-1)  # [B]
@@ -124,7 +117,8 @@ def evaluate_passkey(model, tokenizer, filler: np.ndarray, lengths: Sequence[int
     """One record per (length, depth): mean key log-prob, exact-match accuracy; or an ``error``."""
     check_positive_int("passkey", "samples", samples)
     check_positive_int("passkey", "batch_size", batch_size)
-    lengths = check_lengths(lengths)
+    check_choice("passkey", "dtype", dtype, DTYPES)
+    lengths = check_lengths("passkey", lengths)
     template = PasskeyTemplate(tokenizer)
     cells = []
     for length in lengths:
@@ -150,137 +144,30 @@ def evaluate_passkey(model, tokenizer, filler: np.ndarray, lengths: Sequence[int
     return cells
 
 
-def run_passkey_eval(
-    ckpt: str | Path,
-    *,
-    lengths: Sequence[int] | None = None,
-    multiples: Sequence[float] = DEFAULT_MULTIPLES,
-    depths: Sequence[float] = DEFAULT_DEPTHS,
-    samples: int = 20,
-    seed: int = 0,
-    batch_size: int = 4,
-    dtype: str = "float32",
-    device: str = "cpu",
-    data_dir: str | Path | None = None,
-    rope_scaling: Mapping[str, Any] | None = None,
-    out: str | Path | None = None,
-    plot: bool = True,
-) -> dict[str, Any]:
-    """Passkey retrieval of a checkpoint at several lengths and depths; writes JSON and a heat map.
-
-    Filler comes from the held-out split of ``data_dir`` (default: the run's data). ``out=None``
-    writes ``<run dir>/passkey[_<scaling>][_step<N>].json``. Returns the report.
-    """
-    checkpoint, data = load_for_eval(ckpt, rope_scaling, device, data_dir)
-    if lengths is None:
-        lengths = lengths_from_multiples(checkpoint.train_seq_len, multiples)
-    began = time.perf_counter()
-    cells = evaluate_passkey(checkpoint.model, data.tokenizer, data.tokens("val"), lengths, depths,
-                             samples=samples, seed=seed, batch_size=batch_size, dtype=dtype)
-    report = {
-        "checkpoint": str(checkpoint.path),
-        "step": checkpoint.step,
-        "pos": checkpoint.config.pos,
-        "train_seq_len": checkpoint.train_seq_len,
-        "samples": samples,
-        "seed": seed,
-        "rope_scaling": checkpoint.config.rope_scaling,
-        "seconds": round(time.perf_counter() - began, 1),
-        "results": cells,
-    }
-    out = Path(out) if out is not None else default_output(ckpt, rope_scaling, stem=REPORT_STEM)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1) + "\n")
-    if plot:
-        plot_passkey([report], [report_label(out, REPORT_STEM)], out.with_suffix(".png"))
-    return report
-
-
 def passkey_table(report: Mapping[str, Any]) -> str:
     """Markdown: a row per depth, a column per length, exact-match accuracy (``n/a``: cannot run)."""
     lengths = sorted({c["length"] for c in report["results"]})
     depths = sorted({c["depth"] for c in report["results"]})
     cells = {(c["depth"], c["length"]): c.get("accuracy") for c in report["results"]}
-    rows = ["| depth | " + " | ".join(str(n) for n in lengths) + " |", "|---|" + "---:|" * len(lengths)]
-    for depth in depths:
-        values = [cells.get((depth, n)) for n in lengths]
-        rows.append(f"| {depth:g} | " + " | ".join("n/a" if v is None else f"{v:.2f}" for v in values) + " |")
-    return "\n".join(rows) + "\n"
+    rows = ([f"{depth:g}", *(_accuracy(cells.get((depth, n))) for n in lengths)] for depth in depths)
+    return format_table(["depth", *map(str, lengths)], rows)
 
 
-def plot_passkey(reports: Sequence[Mapping[str, Any]], labels: Sequence[str], path: str | Path) -> Path:
-    """One length x depth heat map of exact-match accuracy per report (grey: the model cannot run it)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    columns = min(len(reports), 3)
-    rows = math.ceil(len(reports) / columns)
-    fig, axes = plt.subplots(rows, columns, figsize=(4.6 * columns, 3.8 * rows), squeeze=False,
-                             layout="constrained")  # titles and tick labels of neighbours never overlap
-    for axis in axes.flat[len(reports):]:
-        axis.set_visible(False)
-    for axis, report, label in zip(axes.flat, reports, labels, strict=False):
-        lengths = sorted({c["length"] for c in report["results"]})
-        depths = sorted({c["depth"] for c in report["results"]})
-        grid = np.full((len(depths), len(lengths)), np.nan)  # [depth, length]
-        for cell in report["results"]:
-            if cell.get("accuracy") is not None:
-                grid[depths.index(cell["depth"]), lengths.index(cell["length"])] = cell["accuracy"]
-        cmap = plt.get_cmap("viridis").with_extremes(bad="lightgray")
-        image = axis.imshow(grid, cmap=cmap, vmin=0, vmax=1, aspect="auto", origin="lower")
-        for (i, j), value in np.ndenumerate(grid):
-            if not np.isnan(value):
-                axis.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=7,
-                          color="white" if value < 0.5 else "black")
-        axis.set_xticks(range(len(lengths)), [str(n) for n in lengths], rotation=45)
-        axis.set_yticks(range(len(depths)), [f"{d:g}" for d in depths])
-        axis.set(xlabel="context length (tokens)", ylabel="key depth",
-                 title=f"{label} (trained at {report['train_seq_len']})")
-    fig.colorbar(image, ax=axes, shrink=0.6, label="exact-match accuracy")
-    path = Path(path)
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
-    return path
-
-
-def passkey_lab(runs_root: str | Path = "runs/passkey", out_dir: str | Path = "docs", *,
-                encodings: Sequence[str] = ("sinusoidal", "learned", "rope", "alibi", "nope"),
-                multiples: Sequence[float] = DEFAULT_MULTIPLES, depths: Sequence[float] = DEFAULT_DEPTHS,
-                samples: int = 20, batch_size: int = 4, dtype: str = "float32", device: str = "cpu",
-                log=print) -> str:
-    """Passkey retrieval of ``<runs_root>/<pos>`` for each encoding -> ``<out_dir>/passkey.png``.
-
-    Returns a markdown table (rows: encodings, columns: lengths, cells: accuracy over all depths),
-    also written between the ``passkey-table`` markers of ``<out_dir>/extrapolation.md``.
-    """
-    from nanoattn.eval.compare import write_table
-
-    runs_root = Path(runs_root)
-    missing = [pos for pos in encodings if not (runs_root / pos).is_dir()]
-    if missing:
-        raise ValueError(f"no run directory for {', '.join(missing)} under {runs_root}; train them with "
-                         "python scripts/train.py -m experiment=passkey pos=" + ",".join(encodings))
-    reports = []
-    for pos in encodings:
-        reports.append(run_passkey_eval(runs_root / pos, multiples=multiples, depths=depths, samples=samples,
-                                        batch_size=batch_size, dtype=dtype, device=device))
-        log(f"passkey {pos}: evaluated in {reports[-1]['seconds']:.1f} s")
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    plot_passkey(reports, list(encodings), out_dir / "passkey.png")
-    lengths = sorted({c["length"] for c in reports[0]["results"]})
-    rows = ["| run | " + " | ".join(str(n) for n in lengths) + " |", "|---|" + "---:|" * len(lengths)]
-    for pos, report in zip(encodings, reports, strict=True):
+def passkey_summary_table(reports: Sequence[Mapping[str, Any]], labels: Sequence[str]) -> str:
+    """Markdown: a row per report, a column per length, accuracy averaged over the depths."""
+    lengths = sorted({c["length"] for report in reports for c in report["results"]})
+    rows = []
+    for report, label in zip(reports, labels, strict=True):
         cells = []
         for length in lengths:
-            scored = [c["accuracy"] for c in report["results"] if c["length"] == length]
-            cells.append("n/a" if None in scored else f"{sum(scored) / len(scored):.2f}")
-        rows.append(f"| {pos} | " + " | ".join(cells) + " |")
-    table = "\n".join(rows) + "\n"
-    write_table(out_dir / "extrapolation.md", table, name="passkey-table")
-    return table
+            scored = [c.get("accuracy") for c in report["results"] if c["length"] == length]
+            cells.append(_accuracy(None if None in scored or not scored else sum(scored) / len(scored)))
+        rows.append([label, *cells])
+    return format_table(["run", *map(str, lengths)], rows)
+
+
+def _accuracy(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}"
 
 
 class PasskeyMix:

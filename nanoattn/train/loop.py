@@ -32,8 +32,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-import signal
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -51,7 +49,7 @@ from nanoattn.checkpoint import (
     save_checkpoint,
 )
 from nanoattn.config import RunConfig
-from nanoattn.data import TokenData, bits_per_byte, open_prepared
+from nanoattn.data import TokenData, bits_per_byte, load_tokenizer, open_prepared
 from nanoattn.eval.passkey import PasskeyMix
 from nanoattn.logging import make_logger, note, truncate_metrics
 from nanoattn.model import GPT
@@ -61,13 +59,13 @@ from nanoattn.train.optim import lr_at, make_optimizer
 from nanoattn.train.run_dir import (
     RUN_TOKENIZER,
     check_same_run,
-    check_same_tokenizer,
     locate_run,
     read_run_config,
     resolve_init_from,
     run_directory_for,
     snapshot_tokenizer,
 )
+from nanoattn.train.signals import StopSignals
 from nanoattn.train.step import optimizer_step, wrap_for_training
 
 
@@ -96,30 +94,6 @@ def train(cfg: RunConfig | dict[str, Any]) -> Path:
         return run_dir
     finally:
         distributed.shutdown(dist)
-
-
-class _StopSignals:
-    """Turns the first SIGINT/SIGTERM into a flag; a second one gets the original behaviour."""
-
-    def __init__(self) -> None:
-        self.requested = False
-        self._old: dict[int, Any] = {}
-
-    def __enter__(self) -> _StopSignals:
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                self._old[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        self.requested = True
-        signal.signal(signum, self._old[signum])
-        note(f"\n{signal.Signals(signum).name}: finishing this step, then saving a checkpoint "
-             "(send it again to stop at once)")
-
-    def __exit__(self, *exc: Any) -> None:
-        for sig, old in self._old.items():
-            signal.signal(sig, old)
 
 
 def _fmt_duration(seconds: float) -> str:
@@ -157,7 +131,7 @@ class _Run:
                 raise ValueError(f"train.init_from={self.t.init_from!r} has vocab_size={given}, smaller than "
                                  f"the tokenizer of data {self.cfg.data.name!r} ({need})")
             source = resolve_checkpoint(self.t.init_from) / "tokenizer.json"
-            check_same_tokenizer(source, data)
+            data.check_tokenizer(load_tokenizer(source), source)
             return
         vocab = max(given, need)
         if vocab != given:
@@ -300,7 +274,7 @@ class _Run:
         window_start = start
         last_val: dict[str, float] = {}
         step = start
-        with _StopSignals() as signals:
+        with StopSignals() as signals:
             while step < t.max_steps:
                 lr = lr_at(step, lr=t.lr, min_lr=t.min_lr, warmup_steps=t.warmup_steps,
                            max_steps=t.max_steps, schedule=t.schedule, decay_fraction=t.decay_fraction)

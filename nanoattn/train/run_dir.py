@@ -134,20 +134,13 @@ def resolve_init_from(cfg: RunConfig | Mapping[str, Any]) -> RunConfig:
     return RunConfig.from_dict(values)
 
 
-def check_same_tokenizer(reference: Path, data: TokenData) -> None:
-    """Refuse ``data`` when its tokenizer is not the one in file ``reference`` (one line naming both)."""
-    if load_tokenizer(reference).to_str() != data.tokenizer.to_str():
-        raise ValueError(f"data folder {data.data_dir} holds another tokenizer than {reference}: its token "
-                         "ids would mean other tokens; use the data this run or checkpoint was trained on")
-
-
 def snapshot_tokenizer(run_dir: Path, data: TokenData, resumed: Path | None) -> None:
     """Check the run's tokenizer against ``data`` (resuming), or snapshot it (starting)."""
     snapshot = run_dir / RUN_TOKENIZER
     # A run from before snapshots existed: its checkpoint's tokenizer is the reference.
     reference = snapshot if snapshot.exists() else None if resumed is None else resumed / RUN_TOKENIZER
     if reference is not None and reference.exists():
-        check_same_tokenizer(reference, data)
+        data.check_tokenizer(load_tokenizer(reference), reference)
     if not snapshot.exists():
         write_atomic(snapshot, data.tokenizer.to_str())
         write_atomic(run_dir / RUN_DATA, json.dumps({"data_dir": str(data.data_dir),

@@ -1,16 +1,20 @@
-"""Comparing length evaluations: the markdown table, labels, the figure, table markers and the script."""
+"""Comparing length evaluations: the markdown table, labels, the figure, table markers, the command,
+the extrapolation lab's driver and their scripts."""
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from nanoattn.eval import compare_length, load_report, markdown_table
-from nanoattn.eval.compare import write_table
+from nanoattn.commands.compare_length import CompareLengthConfig, compare_length
+from nanoattn.commands.labs import LabConfig
+from nanoattn.eval import format_table, length_table, load_report, write_table
+from nanoattn.validation import from_dict
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -44,7 +48,7 @@ def two_runs(tmp_path) -> list[Path]:
 def test_the_table_from_result_files(two_runs):
     loaded = [load_report(two_runs[0].parent), load_report(two_runs[1]), load_report(two_runs[2])]
     assert [label for label, _ in loaded] == ["alibi", "learned", "rope/yarn4"]
-    table = markdown_table([r for _, r in loaded], [label for label, _ in loaded])
+    table = length_table([r for _, r in loaded], [label for label, _ in loaded])
     assert table.splitlines() == [
         "| run | 128 (1×) | 256 (2×) | 512 (4×) |",
         "|---|---:|---:|---:|",
@@ -55,27 +59,41 @@ def test_the_table_from_result_files(two_runs):
 
 
 def test_mixed_training_lengths_head_columns_by_length_only():
-    table = markdown_table([report(128, {128: 8.0}), report(256, {128: 7.0, 256: 7.5})], ["a", "b"])
+    table = length_table([report(128, {128: 8.0}), report(256, {128: 7.0, 256: 7.5})], ["a", "b"])
     assert table.splitlines()[0] == "| run | 128 | 256 |"
     assert table.splitlines()[2:] == ["| a | 8.0 (1.00×) |  |", "| b | 7.0 (0.93×) | 7.5 (1.00×) |"]
 
 
-def test_compare_writes_the_figure_and_the_table(two_runs, tmp_path):
-    table = compare_length(two_runs[:2], out=tmp_path / "cmp.png", table_out=tmp_path / "cmp.md")
+def test_compare_writes_the_figure_and_the_table(two_runs, tmp_path, capsys):
+    paths = [str(p) for p in two_runs]
+    table = compare_length(CompareLengthConfig(paths=paths[:2], out=str(tmp_path / "cmp.png"),
+                                               table=str(tmp_path / "cmp.md")))
     assert (tmp_path / "cmp.png").stat().st_size > 10_000
     assert (tmp_path / "cmp.md").read_text() == table and "| learned | 12.0 (1.00×) | n/a |" in table
-    with pytest.raises(ValueError, match="labels"):
-        compare_length(two_runs, labels=["x"], out=tmp_path / "x.png")
+    assert capsys.readouterr().out == table + f"wrote {tmp_path / 'cmp.png'} and {tmp_path / 'cmp.md'}\n"
+    with pytest.raises(ValueError, match=re.escape("compare_length.labels=['x'] is invalid: must be a list "
+                                                   "of one label per path (3)")):
+        CompareLengthConfig(paths=paths, labels=["x"])
+    with pytest.raises(ValueError, match="compare_length.paths=None is invalid: required"):
+        CompareLengthConfig()
     with pytest.raises(ValueError, match="neither a length_eval JSON file nor a run directory"):
-        compare_length([tmp_path], out=tmp_path / "x.png")
+        compare_length(CompareLengthConfig(paths=[str(tmp_path)], out=str(tmp_path / "x.png")))
+
+
+def test_format_table_aligns_columns_and_refuses_a_bad_alignment():
+    table = format_table(["a", "b", "c"], [["x", "1", ""]], align="lrl")
+    assert table == "| a | b | c |\n|---|---:|---|\n| x | 1 |  |\n"
+    with pytest.raises(ValueError, match="align='lr' is invalid"):
+        format_table(["a", "b", "c"], [], align="lr")
 
 
 def test_the_table_replaces_only_its_marked_block(tmp_path):
     doc = tmp_path / "doc.md"
     doc.write_text("# Title\n\nprose before\n")
-    write_table(doc, "| a |\n")
+    write_table(doc, "| a |\n", name="extrapolation-table")
     write_table(doc, "| b |\n", name="passkey-table")
-    write_table(doc, "| c |\n")  # rerun: replaces the first block, keeps the prose and the other block
+    # A rerun replaces the first block, keeps the prose and the other block.
+    write_table(doc, "| c |\n", name="extrapolation-table")
     assert doc.read_text() == ("# Title\n\nprose before\n\n"
                                "<!-- extrapolation-table:begin -->\n| c |\n"
                                "<!-- extrapolation-table:end -->\n\n"
@@ -84,10 +102,21 @@ def test_the_table_replaces_only_its_marked_block(tmp_path):
 
 def test_the_script(two_runs, tmp_path):
     script = [sys.executable, str(REPO / "scripts" / "compare_length.py")]
-    args = [*map(str, two_runs), "--out", str(tmp_path / "c.png"), "--labels", "A", "L", "R"]
-    done = subprocess.run([*script, *args], capture_output=True, text=True, timeout=120)
+    args = [f"paths=[{','.join(map(str, two_runs))}]", f"out={tmp_path / 'c.png'}", "labels=[A,L,R]"]
+    done = subprocess.run([*script, *args], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert "| R | 9.0 (1.00×) |  | 36.0 (4.00×) |" in done.stdout and (tmp_path / "c.png").exists()
-    bad = subprocess.run([*script, str(tmp_path / "missing.json")], capture_output=True, text=True,
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["alibi", "c.png", "learned", "rope"]  # no Hydra
+    bad = subprocess.run([*script, f"paths=[{tmp_path / 'missing.json'}]"], capture_output=True, text=True,
                          timeout=120)
     assert bad.returncode == 1 and bad.stderr.startswith("error: ") and len(bad.stderr.splitlines()) == 1
+
+
+def test_lab_config_mistakes_are_one_line_errors(tmp_path):
+    with pytest.raises(ValueError, match=re.escape("extrapolation_lab.passkey='yes' is invalid: must be")):
+        from_dict(LabConfig, {"passkey": "yes"}, owner="extrapolation_lab")
+    with pytest.raises(ValueError, match=re.escape("extrapolation_lab.samples=0 is invalid")):
+        LabConfig(samples=0)
+    with pytest.raises(ValueError, match=re.escape("extrapolation_lab.dtype='fp8' is invalid: allowed:")):
+        LabConfig(dtype="fp8")
+    assert LabConfig().lab == "extrapolation" and LabConfig(passkey=True).lab == "passkey"

@@ -18,11 +18,13 @@ from pathlib import Path
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
 import nanoattn.model.attention as attention_module
 from nanoattn import GPT, ModelConfig
-from nanoattn.checkpoint import save_checkpoint
+from nanoattn.checkpoint import resolve_checkpoint, save_checkpoint
+from nanoattn.commands.analyze_heads import HeadAnalysisConfig, analyze_heads
 from nanoattn.config import DataConfig, TokenizerConfig
 from nanoattn.data import EOT, prepare_data
 from nanoattn.data.tokenizer import build_tokenizer
@@ -31,9 +33,7 @@ from nanoattn.eval.heads import (
     FIRST_QUERY,
     LOCAL_MAX_OFFSET,
     POSITIONAL_MASS,
-    HeadAnalysisConfig,
     ablation_importance,
-    analyze_heads,
     attention_maps,
     classify_head,
     delimiter_ids,
@@ -41,13 +41,13 @@ from nanoattn.eval.heads import (
     head_statistics,
     least_important,
     mean_loss,
-    plot_attention_grid,
-    plot_attention_head,
     prune_heads,
     pruning_curve,
-    resolve_data_dir,
 )
+from nanoattn.eval.plots import plot_attention_grid, plot_attention_head
+from nanoattn.eval.runs import load_for_eval, run_data_dir
 from nanoattn.positional import REGISTRY
+from nanoattn.validation import from_dict
 
 ROOT = Path(__file__).resolve().parents[2]
 LAYOUTS = {"mha": 4, "gqa": 2, "mqa": 1}
@@ -326,15 +326,35 @@ def run_dir(tmp_path):
     return run
 
 
-def test_analyze_heads_writes_the_report_and_plots(run_dir, tmp_path):
-    assert resolve_data_dir(run_dir) == tmp_path / "data" / "tiny"
-    assert resolve_data_dir(run_dir / "checkpoints" / "10") == tmp_path / "data" / "tiny"
-    assert resolve_data_dir(run_dir, "elsewhere") == Path("elsewhere")
+def test_the_data_folder_of_a_run(run_dir, tmp_path, monkeypatch):
+    assert run_data_dir(resolve_checkpoint(run_dir)) == tmp_path / "data" / "tiny"
+    assert run_data_dir(run_dir / "checkpoints" / "10") == tmp_path / "data" / "tiny"
+    _, data = load_for_eval(run_dir, data_dir=tmp_path / "data" / "tiny")
+    assert data.data_dir == tmp_path / "data" / "tiny"
+    # Without config.yaml: the default DataConfig's folder, from the current directory.
+    (run_dir / "config.yaml").unlink()
+    monkeypatch.chdir(tmp_path)
+    assert run_data_dir(run_dir / "checkpoints" / "10") == tmp_path / "data" / "shakespeare"
+
+
+def test_data_of_another_tokenizer_is_refused(run_dir, tmp_path):
+    """Even with a vocabulary no larger than the model's: other ids would mean other characters."""
+    docs = tmp_path / "other_docs"
+    docs.mkdir()
+    (docs / "a.txt").write_text("zyxwvu tsrq, ponm;\n" * 200)
+    (docs / "b.txt").write_text("lkjih gfed? cba!\n" * 200)
+    other = prepare_data(DataConfig(name="other", corpus="text", paths=[str(docs)],
+                                    root=str(tmp_path / "data"), val_fraction=0.5,
+                                    tokenizer=TokenizerConfig(type="char")))
+    with pytest.raises(ValueError, match="holds another tokenizer than .*checkpoints.*tokenizer.json"):
+        analyze_heads(HeadAnalysisConfig(ckpt=str(run_dir), data_dir=str(other)))
+
+
+def test_analyze_heads_writes_the_report_and_plots(run_dir, tmp_path, capsys):
     out = tmp_path / "out"
-    lines = []
     report = analyze_heads(HeadAnalysisConfig(ckpt=str(run_dir), out_dir=str(out), seq_len=16, batch_size=2,
-                                              n_batches=2, head=[1, 3], prune_steps=4, map_len=20),
-                           log=lines.append)
+                                              n_batches=2, head=[1, 3], prune_steps=4, map_len=20))
+    lines = capsys.readouterr().out.splitlines()
     on_disk = json.loads((out / "heads.json").read_text())
     assert on_disk == json.loads(json.dumps(report))
     assert len(on_disk["heads"]) == 8
@@ -349,14 +369,26 @@ def test_analyze_heads_writes_the_report_and_plots(run_dir, tmp_path):
     assert any(line.startswith("| layer | head | kind") for line in lines)
 
 
-def test_config_composes_and_the_script_reports_mistakes_in_one_line(run_dir):
-    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
-        cfg = compose("analyze_heads", overrides=["ckpt=runs/x", "head=[0,1]", "importance=gradient"])
-    parsed = HeadAnalysisConfig.from_dict(OmegaConf.to_container(cfg, resolve=True))
-    assert (parsed.ckpt, parsed.head, parsed.importance, parsed.out_dir) == ("runs/x", [0, 1], "gradient",
-                                                                             None)
-    with pytest.raises(ValueError, match=re.escape("analyze_heads.prune_scope='all' is invalid: allowed:")):
-        HeadAnalysisConfig(ckpt="x", prune_scope="all")
+def test_config_composes_and_the_script_reports_mistakes_in_one_line(run_dir, eval_schemas):
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+            cfg = compose("analyze_heads", overrides=["ckpt=runs/x", "head=[0,1]", "importance=gradient"])
+    finally:
+        GlobalHydra.instance().clear()
+    parsed = from_dict(HeadAnalysisConfig, OmegaConf.to_container(cfg, resolve=True), owner="analyze_heads")
+    # Every other key has the dataclass's default: the YAML states none again.
+    assert parsed == HeadAnalysisConfig(ckpt="runs/x", head=[0, 1], importance="gradient")
+    for values, message in [
+        ({"ckpt": "x", "prune_scope": "all"}, "analyze_heads.prune_scope='all' is invalid: allowed:"),
+        ({}, "analyze_heads.ckpt=None is invalid: required"),
+        ({"ckpt": "x", "seq_len": 2}, "analyze_heads.seq_len=2 is invalid: must be above 2"),
+        ({"ckpt": "x", "head": [1]}, "analyze_heads.head=[1] is invalid: must be [layer, head]"),
+        ({"ckpt": "x", "text": ""}, "analyze_heads.text='' is invalid"),
+        ({"ckpt": "x", "device": "tpu"}, "analyze_heads.device='tpu' is invalid"),
+    ]:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            HeadAnalysisConfig(**values)
     done = subprocess.run([sys.executable, str(ROOT / "scripts" / "analyze_heads.py"), f"ckpt={run_dir}",
                            "head=[5,0]"], capture_output=True, text=True, cwd=run_dir.parent)
     assert done.returncode == 1

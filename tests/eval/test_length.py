@@ -1,10 +1,12 @@
 """Length evaluation: perplexity against per-target forward passes, per-position loss, learned past
-its table, bounded attention masks, and the checkpoint-level report, script and config."""
+its table, bounded attention masks, and the checkpoint-level report, command, script and config."""
 
 from __future__ import annotations
 
+import gc
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -18,11 +20,15 @@ from omegaconf import OmegaConf
 
 from nanoattn import GPT, ModelConfig, load_checkpoint
 from nanoattn.checkpoint import save_checkpoint
+from nanoattn.commands.eval_length import LengthEvalConfig, eval_length, run_length_eval
+from nanoattn.commands.labs import LAB_ENCODINGS, LAB_SCALINGS, LabConfig, extrapolation_lab
 from nanoattn.config import DataConfig
 from nanoattn.data import TokenData, ensure_prepared
-from nanoattn.eval import evaluate_lengths, lengths_from_multiples, run_length_eval, score_length
-from nanoattn.eval.length import PeakMemory, default_output, window_starts
+from nanoattn.eval import evaluate_lengths, lengths_from_multiples, score_length
+from nanoattn.eval.length import PeakMemory, window_starts
+from nanoattn.eval.runs import default_output, scaling_tag
 from nanoattn.model import attention
+from nanoattn.validation import from_dict
 
 REPO = Path(__file__).resolve().parents[2]
 VOCAB = 32
@@ -153,8 +159,39 @@ def test_bad_arguments_are_one_line_errors():
         evaluate_lengths(model, tokens, [16, 64], mode="sliding", stride=32)
     with pytest.raises(ValueError, match="lengths"):
         evaluate_lengths(model, tokens, [16, 0])
+    with pytest.raises(ValueError, match="dtype='half'"):
+        evaluate_lengths(model, tokens, [16], dtype="half")
     # A length longer than the stream is an error entry, not an exception.
     assert "fewer than one window of 128" in evaluate_lengths(model, tokens, [128]).results[0].error
+
+
+def test_bfloat16_autocast_scores_close_to_float32():
+    """dtype is the runtime vocabulary: bfloat16 runs under autocast, within bf16 rounding of float32."""
+    model = tiny_model("rope")
+    tokens = torch.randint(0, VOCAB, (65,), generator=torch.Generator().manual_seed(7))
+    full, _, _ = score_length(model, tokens, 16)
+    half, _, _ = score_length(model, tokens, 16, dtype="bfloat16")
+    assert half != full and half == pytest.approx(full, rel=2e-2)
+    assert evaluate_lengths(model, tokens, [16], dtype="auto").results[0].error is None
+
+
+@pytest.mark.parametrize(("values", "message"), [
+    ({}, "eval_length.ckpt=None is invalid: required"),
+    ({"ckpt": "r", "mode": "window"}, "eval_length.mode='window' is invalid: allowed: chunks | sliding"),
+    ({"ckpt": "r", "stride": 0}, "eval_length.stride=0 is invalid: must be a positive integer"),
+    ({"ckpt": "r", "max_tokens": -1}, "eval_length.max_tokens=-1 is invalid"),
+    ({"ckpt": "r", "lengths": [16, 0]}, "eval_length.lengths=0 is invalid"),
+    ({"ckpt": "r", "multiples": [1, -2]}, "eval_length.multiples=[1, -2] is invalid: -2 is not positive"),
+    ({"ckpt": "r", "dtype": "half"}, "eval_length.dtype='half' is invalid: allowed: auto | float32"),
+    ({"ckpt": "r", "device": "gpu"}, "eval_length.device='gpu' is invalid: allowed: auto | cpu"),
+    ({"ckpt": "r", "rope_scaling": "yarn"}, "eval_length.rope_scaling='yarn' is invalid: must be a mapping"),
+    ({"ckpt": "r", "plot": "yes"}, "eval_length.plot='yes' is invalid: must be true or false"),
+    ({"ckpt": "r", "strid": 4}, "unknown key(s) eval_length.strid"),
+])
+def test_config_mistakes_are_one_line_errors(values, message):
+    with pytest.raises(ValueError, match=re.escape(message)) as caught:
+        from_dict(LengthEvalConfig, values, owner="eval_length")
+    assert "\n" not in str(caught.value)
 
 
 # ----------------------------------------------------------------------------- from a checkpoint
@@ -185,12 +222,17 @@ def save_run(run_dir: Path, pos: str, data_dir: Path) -> Path:
     return run_dir
 
 
-def test_report_from_a_run_directory(prepared, tmp_path):
+def test_report_from_a_run_directory(prepared, tmp_path, capsys):
     run = save_run(tmp_path / "rope_run", "rope", prepared)
-    report = run_length_eval(run, multiples=[1, 2, 4], max_tokens=512)  # data_dir from config.yaml
+    # data_dir: the one the run's config.yaml names.
+    report = eval_length(LengthEvalConfig(ckpt=str(run), multiples=[1, 2, 4], max_tokens=512))
     file = run / "length_eval.json"
     assert json.loads(file.read_text()) == report and file.with_suffix(".png").stat().st_size > 10_000
     assert report["train_seq_len"] == 32 and report["mode"] == "chunks" and report["rope_scaling"] is None
+    assert report["data_dir"] == str(prepared)
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0] == "| run | 32 (1×) | 64 (2×) | 128 (4×) |" and printed[2].startswith("| rope_run |")
+    assert printed[-1] == f"wrote {file} and {file.with_suffix('.png')}"
     assert [r["length"] for r in report["results"]] == [32, 64, 128]
     for result in report["results"]:
         assert set(result) == {"length", "stride", "loss", "ppl", "bpb", "tokens", "peak_memory_bytes",
@@ -205,9 +247,9 @@ def test_report_from_a_run_directory(prepared, tmp_path):
 
 def test_rope_scaling_override_names_its_file_and_changes_the_model(prepared, tmp_path):
     run = save_run(tmp_path / "rope_run", "rope", prepared)
-    plain = run_length_eval(run, lengths=[128], max_tokens=256, plot=False)
-    scaled = run_length_eval(run, lengths=[128], max_tokens=256, rope_scaling={"type": "yarn", "factor": 4},
-                             plot=False)
+    plain = run_length_eval(LengthEvalConfig(ckpt=str(run), lengths=[128], max_tokens=256, plot=False))
+    scaled = run_length_eval(LengthEvalConfig(ckpt=str(run), lengths=[128], max_tokens=256, plot=False,
+                                              rope_scaling={"type": "yarn", "factor": 4}))
     assert (run / "length_eval_yarn4.json").exists()
     assert scaled["rope_scaling"]["type"] == "yarn" and scaled["rope_scaling"]["original_max_seq_len"] == 32
     assert scaled["results"][0]["loss"] != plain["results"][0]["loss"]
@@ -215,18 +257,22 @@ def test_rope_scaling_override_names_its_file_and_changes_the_model(prepared, tm
 
 def test_default_output_names(prepared, tmp_path):
     run = save_run(tmp_path / "run", "rope", prepared)
-    assert default_output(run) == run / "length_eval.json"
-    assert default_output(run / "checkpoints" / "100", {"type": "linear", "factor": 2.5}) == \
+    assert default_output(run, None, "length_eval") == run / "length_eval.json"
+    assert default_output(run / "checkpoints" / "100", {"type": "linear", "factor": 2.5}, "length_eval") == \
         run / "length_eval_linear2.5.json"
     model = tiny_model("rope", max_seq_len=32, vocab_size=TokenData(prepared).vocab_size)
     save_checkpoint(run / "checkpoints", "200", model, train_seq_len=32, step=200)
-    assert default_output(run / "checkpoints" / "100") == run / "length_eval_step100.json"
+    step100 = run / "length_eval_step100.json"
+    assert default_output(run / "checkpoints" / "100", None, "length_eval") == step100
+    assert LengthEvalConfig(ckpt=str(run / "checkpoints" / "100")).output() == \
+        run / "length_eval_step100.json"
+    assert LengthEvalConfig(ckpt=str(run), out="x/y.json").output() == Path("x/y.json")
 
 
 def test_non_rope_refuses_a_scaling_and_a_foreign_tokenizer_is_refused(prepared, tmp_path):
     run = save_run(tmp_path / "alibi_run", "alibi", prepared)
     with pytest.raises(ValueError, match="needs a RoPE model"):
-        run_length_eval(run, rope_scaling={"type": "linear", "factor": 2})
+        run_length_eval(LengthEvalConfig(ckpt=str(run), rope_scaling={"type": "linear", "factor": 2}))
     other = tmp_path / "other"
     other.mkdir()
     for name in ("meta.json", "train.bin", "val.bin"):
@@ -235,7 +281,7 @@ def test_non_rope_refuses_a_scaling_and_a_foreign_tokenizer_is_refused(prepared,
     tok["added_tokens"][0]["content"] = "<|other|>"
     (other / "tokenizer.json").write_text(json.dumps(tok))
     with pytest.raises(ValueError, match="another tokenizer"):
-        run_length_eval(run, data_dir=other)
+        run_length_eval(LengthEvalConfig(ckpt=str(run), data_dir=str(other)))
 
 
 def test_the_script_writes_the_report_and_prints_one_line_errors(prepared, tmp_path):
@@ -254,7 +300,7 @@ def test_the_script_writes_the_report_and_prints_one_line_errors(prepared, tmp_p
     assert bad.stderr.strip().splitlines() == [bad.stderr.strip()] and "needs a RoPE model" in bad.stderr
 
 
-def test_the_config_composes_with_scaling_overrides():
+def test_the_config_composes_with_scaling_overrides(eval_schemas):
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
@@ -267,6 +313,38 @@ def test_the_config_composes_with_scaling_overrides():
     assert cfg["multiples"] == [1, 1.25, 1.5, 2, 4, 8, 16] and cfg["mode"] == "chunks"
     assert OmegaConf.to_container(dotted.rope_scaling) == OmegaConf.to_container(inline.rope_scaling) == \
         {"type": "yarn", "factor": 4}
-    cfg.pop("ckpt")
-    cfg.pop("out")
-    assert set(cfg) <= set(run_length_eval.__kwdefaults__)  # every key is an argument of the library call
+    # Every key is a field of the dataclass, with its declared default: nothing is stated twice.
+    assert from_dict(LengthEvalConfig, cfg, owner="eval_length") == LengthEvalConfig(ckpt="runs/x")
+
+
+def test_the_extrapolation_lab_evaluates_every_run_and_rewrites_only_its_table(prepared, tmp_path, capsys):
+    runs, docs = tmp_path / "runs", tmp_path / "docs"
+    for pos in LAB_ENCODINGS[:-1]:
+        save_run(runs / pos, pos, prepared)
+    cfg = LabConfig(runs_root=str(runs), out_dir=str(docs), max_tokens=512)
+    with pytest.raises(ValueError, match="no run directory for nope under .*experiment=extrapolation pos="):
+        extrapolation_lab(cfg)
+    save_run(runs / "nope", "nope", prepared)
+    docs.mkdir()
+    (docs / "extrapolation.md").write_text("# Lab\n\nprose\n")
+    # PeakMemory collects garbage before each of the 77 lengths; frozen, the suite's many objects
+    # are not walked each time (0.2 s a call here).
+    gc.freeze()
+    try:
+        table = extrapolation_lab(cfg)
+    finally:
+        gc.unfreeze()
+    labels = [*LAB_ENCODINGS, *(f"rope+{scaling_tag(s)}" for s in LAB_SCALINGS)]
+    rows = table.splitlines()
+    assert rows[0] == "| run | 32 (1×) | 40 (1.25×) | 48 (1.5×) | 64 (2×) | 128 (4×) | 256 (8×) | 512 (16×) |"
+    assert [row.split(" | ")[0].removeprefix("| ") for row in rows[2:]] == labels
+    assert rows[2 + LAB_ENCODINGS.index("learned")].endswith("| n/a | n/a | n/a | n/a | n/a | n/a |")
+    # Each evaluation is the one eval_length writes, in its run directory.
+    yarn4 = json.loads((runs / "rope" / "length_eval_yarn4.json").read_text())
+    assert yarn4["rope_scaling"]["factor"] == 4 and yarn4["max_tokens"] == 512
+    assert f"{yarn4['results'][0]['ppl']:.1f} (1.00×)" in rows[2 + labels.index("rope+yarn4")]
+    assert (docs / "extrapolation.md").read_text() == \
+        f"# Lab\n\nprose\n\n<!-- extrapolation-table:begin -->\n{table}<!-- extrapolation-table:end -->\n"
+    assert (docs / "extrapolation.png").stat().st_size > 10_000
+    printed = capsys.readouterr().out
+    assert printed.count("evaluated in") == len(labels) and table in printed

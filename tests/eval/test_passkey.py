@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -11,16 +12,21 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from omegaconf import OmegaConf
 from torch import nn
 
 from nanoattn import GPT, ModelConfig, load_checkpoint
 from nanoattn.checkpoint import save_checkpoint
+from nanoattn.commands.eval_passkey import PasskeyEvalConfig, run_passkey_eval
 from nanoattn.config import DataConfig
 from nanoattn.data import TokenData, ensure_prepared, load_tokenizer
-from nanoattn.eval import PasskeyMix, evaluate_passkey, passkey_table, run_passkey_eval
+from nanoattn.eval import PasskeyMix, evaluate_passkey, passkey_summary_table, passkey_table
 from nanoattn.eval.passkey import PasskeyTemplate, score_passkey
 from nanoattn.model import IGNORE_INDEX
 from nanoattn.train import train
+from nanoattn.validation import from_dict
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -97,6 +103,10 @@ def test_cells_cover_every_length_and_depth_and_learned_past_its_table_is_null(p
         assert cell["accuracy"] is None and "learned position table" in cell["error"]
     table = passkey_table({"results": cells})
     assert table.splitlines()[2] == f"| 0 | {cells[0]['accuracy']:.2f} | n/a |"
+    summary = passkey_summary_table([{"results": cells}], ["learned"])
+    mean = (cells[0]["accuracy"] + cells[1]["accuracy"]) / 2
+    assert summary.splitlines() == ["| run | 128 | 256 |", "|---|---:|---:|",
+                                    f"| learned | {mean:.2f} | n/a |"]
     # The same seed draws the same keys and filler: the numbers repeat exactly.
     again = evaluate_passkey(model, data.tokenizer, data.tokens("val"), [128, 256], [0.0, 1.0], samples=3)
     assert again == cells
@@ -154,7 +164,8 @@ def test_the_report_and_the_script(prepared, tmp_path):
     run = tmp_path / "rope_run"
     save_checkpoint(run / "checkpoints", "5", model, train_seq_len=96, step=5,
                     tokenizer_file=prepared / "tokenizer.json")
-    report = run_passkey_eval(run, multiples=[1, 2], depths=[0.5], samples=2, data_dir=prepared)
+    report = run_passkey_eval(PasskeyEvalConfig(ckpt=str(run), multiples=[1, 2], depths=[0.5], samples=2,
+                                                data_dir=str(prepared)))
     assert json.loads((run / "passkey.json").read_text()) == report
     assert (run / "passkey.png").stat().st_size > 5_000
     assert [c["length"] for c in report["results"]] == [96, 192]
@@ -177,5 +188,31 @@ def test_filler_from_data_of_another_tokenizer_is_refused(prepared, tmp_path):
                             d_ff=64, max_seq_len=96))
     save_checkpoint(tmp_path / "run" / "checkpoints", "1", model, train_seq_len=96, step=1,
                     tokenizer_file=other)
-    with pytest.raises(ValueError, match="uses another tokenizer than checkpoint"):
-        run_passkey_eval(tmp_path / "run", lengths=[96], samples=1, data_dir=prepared)
+    with pytest.raises(ValueError, match="holds another tokenizer than .*checkpoints.*tokenizer.json"):
+        run_passkey_eval(PasskeyEvalConfig(ckpt=str(tmp_path / "run"), lengths=[96], samples=1,
+                                           data_dir=str(prepared)))
+
+
+@pytest.mark.parametrize(("values", "message"), [
+    ({}, "eval_passkey.ckpt=None is invalid: required"),
+    ({"ckpt": "r", "depths": [0, 1.5]}, "eval_passkey.depths=[0, 1.5] is invalid: 1.5 is not in [0, 1]"),
+    ({"ckpt": "r", "depths": []}, "eval_passkey.depths=[] is invalid: must be a non-empty list"),
+    ({"ckpt": "r", "samples": 0}, "eval_passkey.samples=0 is invalid: must be a positive integer"),
+    ({"ckpt": "r", "seed": -1}, "eval_passkey.seed=-1 is invalid: must be a non-negative integer"),
+    ({"ckpt": "r", "batch_size": True}, "eval_passkey.batch_size=True is invalid: must be a positive"),
+    ({"ckpt": "r", "depth": [0]}, "unknown key(s) eval_passkey.depth"),
+])
+def test_config_mistakes_are_one_line_errors(values, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        from_dict(PasskeyEvalConfig, values, owner="eval_passkey")
+
+
+def test_the_config_is_the_dataclass(eval_schemas):
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
+            cfg = OmegaConf.to_container(compose("eval_passkey", ["ckpt=runs/x", "depths=[0,1]"]))
+    finally:
+        GlobalHydra.instance().clear()
+    assert from_dict(PasskeyEvalConfig, cfg, owner="eval_passkey") == PasskeyEvalConfig(ckpt="runs/x",
+                                                                                       depths=(0, 1))

@@ -1,0 +1,68 @@
+"""``scripts/eval_length.py``: perplexity of a checkpoint at several lengths (docs/extrapolation.md).
+
+``run_length_eval`` loads the run, scores its held-out stream at every length and writes the
+report (``<run dir>/length_eval[_<scaling>][_step<N>].json``) and its figure; ``eval_length``
+is the command: the same, then the table on stdout. The measurement is ``nanoattn.eval.length``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from nanoattn.eval.compare import length_table
+from nanoattn.eval.length import MODES, REPORT_STEM, evaluate_lengths, held_out_stream
+from nanoattn.eval.plots import plot_length_curves
+from nanoattn.eval.runs import AtLengthsConfig, checkpoint_fields
+from nanoattn.validation import check_choice, check_positive_int
+
+
+@dataclass
+class LengthEvalConfig(AtLengthsConfig):
+    """Every key of ``scripts/eval_length.py`` (the inherited ones: ``AtLengthsConfig``)."""
+
+    owner = "eval_length"
+    report_stem = REPORT_STEM
+
+    mode: str = "chunks"  # chunks: windows end to end | sliding: advanced by stride, the last stride scored
+    stride: int | None = None  # sliding only; None: half of each length
+    max_tokens: int = 32768  # targets scored at every length: the first max_tokens of the held-out split
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_choice(self.owner, "mode", self.mode, MODES)
+        if self.stride is not None:
+            check_positive_int(self.owner, "stride", self.stride)
+        check_positive_int(self.owner, "max_tokens", self.max_tokens)
+
+
+def run_length_eval(cfg: LengthEvalConfig) -> dict[str, Any]:
+    """Evaluate ``cfg.ckpt`` at every length; write the JSON report (and its figure). Returns the report."""
+    checkpoint, data = cfg.load()
+    sweep = evaluate_lengths(checkpoint.model, held_out_stream(data, cfg.max_tokens),
+                             cfg.lengths_for(checkpoint.train_seq_len), mode=cfg.mode, stride=cfg.stride,
+                             batch_size=cfg.batch_size, dtype=cfg.dtype, bytes_per_token=data.bytes_per_token)
+    report = {
+        **checkpoint_fields(checkpoint),
+        "mode": cfg.mode,
+        "stride": cfg.stride,
+        "max_tokens": cfg.max_tokens,
+        "data_dir": str(data.data_dir),
+        "dtype": cfg.dtype,
+        "device": cfg.device,
+        "rope_scaling": checkpoint.config.rope_scaling,
+        "rope_scaling_override": cfg.rope_scaling,
+        "results": [r.to_dict() for r in sweep.results],
+        "per_position_length": sweep.per_position_length,
+        "per_position_loss": sweep.per_position_loss,
+    }
+    cfg.save(report, plot_length_curves)
+    return report
+
+
+def eval_length(cfg: LengthEvalConfig) -> dict[str, Any]:
+    """The command: ``run_length_eval``, then the perplexity table and the files written."""
+    report = run_length_eval(cfg)
+    print(length_table([report], [cfg.label()]), end="")
+    print(cfg.written())
+    return report

@@ -1,0 +1,121 @@
+"""``scripts/extrapolation_lab.py``: the two labs of docs/extrapolation.md, one driver.
+
+Design choices:
+
+- A lab is a list of jobs (a label, the encoding whose run ``<runs_root>/<pos>`` it evaluates,
+  an optional zero-shot RoPE scaling), one evaluation command's report function, a figure and a
+  table over all reports. ``run_lab`` runs that shape for both labs: it checks every run exists
+  before evaluating any, evaluates each (its JSON and figure land in its run directory, as
+  ``eval_length``/``eval_passkey`` write them), then writes ``<out_dir>/<lab>.png`` and the table
+  between the ``<lab>-table`` markers of ``<out_dir>/extrapolation.md``.
+- The perplexity lab evaluates each encoding in non-overlapping chunks (the protocol of Press et
+  al. 2022, whose result it reproduces), then the RoPE run again under each of ``LAB_SCALINGS``.
+  The passkey lab evaluates each encoding's passkey fine-tune; its table averages the depths.
+- Defaults are the evaluation commands' own (``LengthEvalConfig``, ``PasskeyEvalConfig``), read
+  from their dataclasses rather than stated again.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from nanoattn.commands.eval_length import LengthEvalConfig, run_length_eval
+from nanoattn.commands.eval_passkey import PasskeyEvalConfig, run_passkey_eval
+from nanoattn.eval.compare import length_table
+from nanoattn.eval.passkey import passkey_summary_table
+from nanoattn.eval.plots import plot_length_curves, plot_passkey
+from nanoattn.eval.runs import is_path, scaling_tag
+from nanoattn.eval.tables import write_table
+from nanoattn.runtime import DTYPES, check_device_name
+from nanoattn.validation import check_bool, check_choice, check_positive_int, fail
+
+LAB_ENCODINGS = ("sinusoidal", "learned", "rope", "alibi", "nope")
+# Zero-shot RoPE scalings of the lab: factor 4 for each type, and 16 (the longest length) for PI and YaRN.
+LAB_SCALINGS = tuple({"type": kind, "factor": factor} for kind, factor in
+                     (("linear", 4), ("linear", 16), ("ntk", 4), ("dynamic", 4), ("yarn", 4), ("yarn", 16)))
+LAB_DOC = "extrapolation.md"  # both labs' tables, between their markers
+
+Job = tuple[str, str, Mapping[str, Any] | None]  # (label, pos: the run <runs_root>/<pos>, zero-shot scaling)
+Reports = Sequence[Mapping[str, Any]]
+
+
+@dataclass
+class LabConfig:
+    """Every key of ``scripts/extrapolation_lab.py``."""
+
+    passkey: bool = False  # the passkey lab (runs/passkey/<pos>), not perplexity (runs/extrapolation/<pos>)
+    runs_root: str | None = None  # where the runs are; None: runs/extrapolation, or runs/passkey
+    out_dir: str = "docs"  # <out_dir>/{extrapolation,passkey}.png and the table in <out_dir>/extrapolation.md
+    max_tokens: int = LengthEvalConfig.max_tokens  # perplexity lab: targets scored at every length
+    samples: int = PasskeyEvalConfig.samples  # passkey lab: keys per length and depth
+    batch_size: int = LengthEvalConfig.batch_size
+    dtype: str = LengthEvalConfig.dtype
+    device: str = LengthEvalConfig.device
+
+    def __post_init__(self) -> None:
+        own = "extrapolation_lab"
+        check_bool(own, "passkey", self.passkey)
+        if self.runs_root is not None and not is_path(self.runs_root):
+            fail(own, "runs_root", self.runs_root, "must be a folder or null")
+        if not is_path(self.out_dir):
+            fail(own, "out_dir", self.out_dir, "must be a folder")
+        for name in ("max_tokens", "samples", "batch_size"):
+            check_positive_int(own, name, getattr(self, name))
+        check_choice(own, "dtype", self.dtype, DTYPES)
+        check_device_name(own, "device", self.device)
+
+    @property
+    def lab(self) -> str:
+        return "passkey" if self.passkey else "extrapolation"
+
+
+def run_lab(lab: str, runs_root: Path, out_dir: Path, jobs: Sequence[Job],
+            evaluate: Callable[[Path, Mapping[str, Any] | None], dict[str, Any]],
+            plot: Callable[[Reports, Sequence[str], Path], Path],
+            table: Callable[[Reports, Sequence[str]], str]) -> str:
+    """Evaluate every job, then write ``<out_dir>/<lab>.png`` and the table; returns the table."""
+    missing = sorted({pos for _, pos, _ in jobs if not (runs_root / pos).is_dir()})
+    if missing:
+        encodings = ",".join(dict.fromkeys(pos for _, pos, _ in jobs))
+        raise ValueError(f"no run directory for {', '.join(missing)} under {runs_root}; train them with "
+                         f"python scripts/train.py -m experiment={lab} pos={encodings}")
+    labels, reports = [], []
+    for label, pos, scaling in jobs:
+        began = time.perf_counter()
+        reports.append(evaluate(runs_root / pos, scaling))
+        labels.append(label)
+        print(f"{label}: evaluated in {time.perf_counter() - began:.1f} s")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    plot(reports, labels, out_dir / f"{lab}.png")
+    text = table(reports, labels)
+    write_table(out_dir / LAB_DOC, text, name=f"{lab}-table")
+    return text
+
+
+def extrapolation_lab(cfg: LabConfig) -> str:
+    """The command: run the perplexity lab (or, with ``passkey``, the passkey lab); print its table."""
+    began = time.perf_counter()
+    runs_root = Path(cfg.runs_root or f"runs/{cfg.lab}")
+    out_dir = Path(cfg.out_dir)
+    common = dict(batch_size=cfg.batch_size, dtype=cfg.dtype, device=cfg.device)
+    plain: list[Job] = [(pos, pos, None) for pos in LAB_ENCODINGS]
+    if cfg.passkey:
+        table = run_lab(cfg.lab, runs_root, out_dir, plain,
+                        lambda run, _: run_passkey_eval(PasskeyEvalConfig(ckpt=str(run), samples=cfg.samples,
+                                                                          **common)),
+                        plot_passkey, passkey_summary_table)
+    else:
+        scaled: list[Job] = [(f"rope+{scaling_tag(s)}", "rope", s) for s in LAB_SCALINGS]
+        table = run_lab(cfg.lab, runs_root, out_dir, plain + scaled,
+                        lambda run, scaling: run_length_eval(LengthEvalConfig(
+                            ckpt=str(run), max_tokens=cfg.max_tokens, mode="chunks",
+                            rope_scaling=None if scaling is None else dict(scaling), **common)),
+                        plot_length_curves, length_table)
+    print(table, end="")
+    print(f"lab done in {time.perf_counter() - began:.0f} s; wrote {out_dir / LAB_DOC} and "
+          f"{out_dir / cfg.lab}.png")
+    return table
