@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 from hydra import compose, initialize_config_dir
+from hydra.core.config_store import ConfigStore
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
@@ -149,8 +150,18 @@ def test_run_bench_writes_the_rows_with_their_settings(tmp_path, capsys):
     assert "note" in capsys.readouterr().out  # the table of each section is printed as it ends
 
 
-def test_the_yaml_states_no_default_and_overrides_reach_the_config():
+@pytest.fixture
+def bench_cli_store():
+    """The ConfigStore as scripts/bench.py sees it: its schema, and no ``model`` group (train's,
+    registered by other tests in this process, would turn model=llama-tiny into a group choice)."""
     register_schema("bench_schema", BenchConfig)
+    presets = ConfigStore.instance().repo.pop("model", None)
+    yield
+    if presets is not None:
+        ConfigStore.instance().repo["model"] = presets
+
+
+def test_the_yaml_states_no_default_and_overrides_reach_the_config(bench_cli_store):
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
@@ -169,7 +180,7 @@ def test_the_yaml_states_no_default_and_overrides_reach_the_config():
     assert (quick.reps, quick.e2e_seconds, quick.model.max_seq_len) == (3, 10.0, 256)
 
 
-def test_bad_options_are_one_line_errors(tmp_path, monkeypatch):
+def test_bad_options_are_one_line_errors(tmp_path, monkeypatch, bench_cli_store):
     command = [sys.executable, str(ROOT / "scripts" / "bench.py"), "only=[e2e]", f"run={tmp_path}"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert done.returncode == 1 and done.stderr == (f"error: bench.run={str(tmp_path)!r} is invalid: no "

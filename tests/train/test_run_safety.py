@@ -95,7 +95,8 @@ def test_resume_after_the_corpus_changed_is_refused_naming_both_tokenizers(tmp_p
     cfg = tiny_config(tmp_path / "run", max_steps=4, model={"vocab_size": 128})
     cfg["data"] = data
     run_dir = train(cfg)
-    corpus.write_text(corpus.read_text() + "Zwölf Qualen: new characters retrain the char tokenizer.\n")
+    # New characters where the training split reads them: the char tokenizer is rebuilt with them.
+    corpus.write_text("Zwölf Qualen: new characters.\n" + corpus.read_text())
     resume = {**cfg, "train": {**cfg["train"], "resume": True, "max_steps": 6}}
     folder, snapshot = tmp_path / "data" / "tiny", run_dir / "tokenizer.json"
     with pytest.raises(ValueError, match=rf"^data folder {folder} holds another tokenizer than {snapshot}: "):
