@@ -61,8 +61,16 @@ def run_length_eval(cfg: LengthEvalConfig) -> dict[str, Any]:
 
 
 def eval_length(cfg: LengthEvalConfig) -> dict[str, Any]:
-    """The command: ``run_length_eval``, then the perplexity table and the files written."""
+    """The command: ``run_length_eval``, then the perplexity table and the files written.
+
+    A length that fails (longer than the held-out text, undefined for the encoding, out of
+    memory) is a row with its error; when every length failed the work was not done, so the
+    command fails too (after writing the report, which says why).
+    """
     report = run_length_eval(cfg)
     print(length_table([report], [cfg.label()]), end="")
     print(cfg.written())
+    errors = [r["error"] for r in report["results"] if r.get("error")]
+    if len(errors) == len(report["results"]):
+        raise ValueError(f"every length failed; the first: {errors[0]}")
     return report

@@ -113,8 +113,14 @@ class AtLengthsConfig(CheckpointEvalConfig):
         return report_label(self.output(), self.report_stem)
 
     def save(self, report: Mapping[str, Any], plot: Callable[[list, list, Path], Any]) -> Path:
-        """Write ``report`` to ``output()`` and, with ``plot`` on, ``plot([report], [label], <out>.png)``."""
-        out = write_report(self.output(), report)
+        """Write ``report`` to ``output()`` and, with ``plot`` on, ``plot([report], [label], <out>.png)``.
+
+        Only files this command writes are replaced (``check_writable``): ``out=`` never
+        overwrites a run's config.yaml or any other file that is not an earlier report.
+        """
+        out = self.output()
+        check_writable(out, self.plot, f"{self.owner}.out")
+        write_report(out, report)
         if self.plot:
             plot([report], [self.label()], out.with_suffix(".png"))
         return out
@@ -182,6 +188,31 @@ def report_label(file: Path, stem: str) -> str:
     """A report's name in plots and tables: its run directory, plus the file's suffix (``rope/yarn4``)."""
     suffix = file.stem.removeprefix(stem).lstrip("_")
     return file.parent.name + (f"/{suffix}" if suffix else "")
+
+
+REPORT_KEYS = ("checkpoint", "results")  # every report (length, passkey) has these
+
+
+def is_report(path: Path) -> bool:
+    """True when ``path`` holds an evaluation report (a JSON object with ``REPORT_KEYS``)."""
+    try:
+        found = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    return isinstance(found, dict) and all(key in found for key in REPORT_KEYS)
+
+
+def check_writable(out: Path, plot: bool, key: str) -> None:
+    """Refuse an output that is not ``.json``, or would replace a file that is not an earlier report
+    (its figure beside it counts as ours only when the report is)."""
+    if out.suffix != ".json":
+        raise ValueError(f"{key}={str(out)!r} is invalid: a report is a .json file (the figure goes beside)")
+    if out.exists() and not is_report(out):
+        raise ValueError(f"{key}={str(out)!r} exists and is not an evaluation report: never overwritten")
+    figure = out.with_suffix(".png")
+    if plot and figure.exists() and not out.exists():
+        raise ValueError(f"{key}={str(out)!r}: {figure} exists without its report, so it is not ours to "
+                         "overwrite; choose another out or plot=false")
 
 
 def write_report(path: str | Path, report: Mapping[str, Any]) -> Path:

@@ -348,3 +348,31 @@ def test_the_extrapolation_lab_evaluates_every_run_and_rewrites_only_its_table(p
     assert (docs / "extrapolation.png").stat().st_size > 10_000
     printed = capsys.readouterr().out
     assert printed.count("evaluated in") == len(labels) and table in printed
+
+
+def test_out_never_overwrites_a_file_that_is_not_a_report(prepared, tmp_path):
+    run = save_run(tmp_path / "run", "rope", prepared)
+    config = (run / "config.yaml").read_text()
+    for out, message in ((run / "config.yaml", "is a .json file"),
+                         (run / "notes.json", "exists and is not an evaluation report")):
+        if out.suffix == ".json":
+            out.write_text('{"mine": true}\n')
+        with pytest.raises(ValueError, match=message):
+            run_length_eval(LengthEvalConfig(ckpt=str(run), lengths=[32], max_tokens=64, out=str(out)))
+    assert (run / "config.yaml").read_text() == config
+    assert (run / "notes.json").read_text() == '{"mine": true}\n'
+    (run / "figure.png").write_bytes(b"someone's figure")
+    with pytest.raises(ValueError, match=r"figure\.png exists without its report"):
+        run_length_eval(LengthEvalConfig(ckpt=str(run), lengths=[32], max_tokens=64,
+                                         out=str(run / "figure.json")))
+    again = LengthEvalConfig(ckpt=str(run), lengths=[32], max_tokens=64, plot=False)
+    run_length_eval(again)
+    run_length_eval(again)  # an earlier report is ours to replace
+
+
+def test_the_command_fails_when_every_length_failed(prepared, tmp_path):
+    run = save_run(tmp_path / "run", "learned", prepared)  # a 32-row table: undefined past 32
+    with pytest.raises(ValueError, match=r"^every length failed; the first: "):
+        eval_length(LengthEvalConfig(ckpt=str(run), lengths=[64, 128], max_tokens=256, plot=False))
+    report = json.loads((run / "length_eval.json").read_text())
+    assert [r["ppl"] for r in report["results"]] == [None, None]  # written, saying why
