@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import runpy
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
 from nanoattn.config import DataConfig, TokenizerConfig
+from nanoattn.data import prepare as prepare_module
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "scripts"))
@@ -55,3 +57,18 @@ def test_the_script_reports_bad_input_in_one_line(tmp_path):
     assert done.returncode == 1
     assert done.stderr.strip() == f"error: data.paths: {missing}: no such file or folder"
     assert list(tmp_path.iterdir()) == []  # neither Hydra nor the script wrote anything
+
+
+def test_ctrl_c_while_preparing_is_one_line_and_leaves_no_staging_folder(tmp_path, monkeypatch):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("some text to prepare\n" * 50)
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt  # what Ctrl-C raises, here in the middle of writing the tokens
+
+    monkeypatch.setattr(prepare_module, "_write_tokens", interrupted)
+    monkeypatch.setattr(sys, "argv", ["prepare_data.py", "data=text", f"data.paths=[{corpus}]",
+                                      f"data.root={tmp_path / 'data'}", "data.tokenizer.type=byte"])
+    with pytest.raises(SystemExit, match="^error: interrupted$"):
+        runpy.run_path(str(REPO / "scripts" / "prepare_data.py"), run_name="__main__")
+    assert list((tmp_path / "data").iterdir()) == []  # the staging folder and the lock's file are gone
