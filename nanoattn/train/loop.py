@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import math
 import time
 from pathlib import Path
@@ -93,6 +94,9 @@ def train(cfg: RunConfig | dict[str, Any]) -> Path:
         distributed.barrier(dist)
         return run_dir
     finally:
+        # DDP's reducer sits in reference cycles (its autograd hooks): free it while its process
+        # group still exists, not at interpreter exit after the group is gone.
+        gc.collect()
         distributed.shutdown(dist)
 
 
