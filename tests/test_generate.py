@@ -27,8 +27,11 @@ from nanoattn.generate import (
     top_k_filter,
     top_p_filter,
 )
+from nanoattn.positional import REGISTRY
 
-ENCODINGS = ["rope", "alibi", "sinusoidal", "learned", "nope"]
+# Every registered encoding, and a per-layer layout (Llama 4's RoPE/NoPE interleaving, with its
+# query temperature switching on inside the decoded length).
+ENCODINGS = [*REGISTRY, "rope,nope"]
 LAYOUTS = {"mha": 4, "gqa": 2, "mqa": 1}
 SCALINGS = ["linear", "ntk", "dynamic", "yarn", "llama3"]
 MAX_SEQ_LEN = 16
@@ -37,9 +40,11 @@ PENALTY = 3.0  # enough that greedy decoding of a random model does not repeat o
 
 
 def tiny(pos: str = "rope", n_kv_head: int = 2, rope_scaling=None, vocab_size: int = 64) -> GPT:
+    """A 2-layer model; pos "a,b" is the per-layer layout [a, b] (temperature from position 7 on)."""
     torch.manual_seed(0)
+    layout = dict(pos=pos.split(","), temperature_floor_scale=8) if "," in pos else dict(pos=pos)
     cfg = ModelConfig(vocab_size=vocab_size, d_model=32, n_layer=2, n_head=4, n_kv_head=n_kv_head, d_ff=64,
-                      max_seq_len=MAX_SEQ_LEN, pos=pos, rope_scaling=rope_scaling, init_std=0.1)
+                      max_seq_len=MAX_SEQ_LEN, rope_scaling=rope_scaling, init_std=0.1, **layout)
     return GPT(cfg).eval()
 
 

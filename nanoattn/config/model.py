@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,9 +34,21 @@ class ModelConfig:
     d_ff: int | None = None  # None = 4*d_model (gelu) or 8/3*d_model rounded up to ffn_multiple_of (swiglu)
     ffn_multiple_of: int = 256  # LLaMA's rounding of the SwiGLU width
     max_seq_len: int = 256  # training context; the learned table's size
-    pos: str = "rope"  # sinusoidal | learned | rope | alibi | nope
+    # An encoding's name (positional.REGISTRY), or a list of names cycled over the layers:
+    # [rope, rope, rope, nope] is Llama 4's iRoPE. Embedding-level ones only as a single name.
+    pos: Any = "rope"
     rope_theta: float = 10000.0
     rope_scaling: dict[str, Any] | None = None  # None or {"type": ..., "factor": ..., ...}
+    rope_fraction: float = 1.0  # partial RoPE: fraction of each head's dims rotated (NeoX's rotary_pct)
+    rope_p: float = 1.0  # p-RoPE (Barbero et al. 2024): fraction of frequencies kept, lowest dropped
+    xpos_scale_base: float = 512.0  # xPos: gamma in the decay zeta ** (n / gamma)
+    t5_num_buckets: int = 32  # T5 bias: log-spaced distance buckets
+    t5_max_distance: int = 128  # T5 bias: distances past this share the last bucket
+    fire_mlp_width: int = 32  # FIRE: hidden width of the bias MLP
+    cope_npos_max: int = 64  # CoPE: contextual positions are clipped below this
+    # Llama 4's query temperature on NoPE layers: None = off; else floor_scale (Llama 4: 8192).
+    temperature_floor_scale: int | None = None
+    temperature_attn_scale: float = 0.1  # Llama 4's attn_scale
     norm: str = "rmsnorm"  # layernorm | rmsnorm
     norm_eps: float = 1e-5
     mlp: str = "swiglu"  # gelu | swiglu
@@ -57,14 +69,11 @@ class ModelConfig:
                   f"must divide n_head={self.n_head} (MHA: n_kv_head=n_head, MQA: 1)")
         if self.d_model % self.n_head:
             fail(own, "d_model", self.d_model, f"must be divisible by n_head={self.n_head}")
-        check_choice(own, "pos", self.pos, tuple(REGISTRY))
+        self._check_pos()
         check_choice(own, "norm", self.norm, NORMS)
         check_choice(own, "mlp", self.mlp, MLPS)
         if self.d_ff is not None:
             check_positive_int(own, "d_ff", self.d_ff)
-        if self.pos == "rope" and self.head_dim % 2:
-            fail(own, "d_model", self.d_model,
-                  f"pos='rope' needs an even head_dim, got d_model/n_head={self.head_dim}")
         if as_float(self.rope_theta) <= 0:
             fail(own, "rope_theta", self.rope_theta, "must be a positive number")
         if not (isinstance(self.dropout, (int, float)) and 0.0 <= self.dropout < 1.0):
@@ -73,11 +82,38 @@ class ModelConfig:
             fail(own, "norm_eps", self.norm_eps, "must be a positive number")
         if not (isinstance(self.init_std, (int, float)) and self.init_std > 0):
             fail(own, "init_std", self.init_std, "must be a positive number")
+        if self.temperature_floor_scale is not None:
+            check_positive_int(own, "temperature_floor_scale", self.temperature_floor_scale)
+        if not as_float(self.temperature_attn_scale) >= 0:
+            fail(own, "temperature_attn_scale", self.temperature_attn_scale, "must be a number >= 0")
+        for name in dict.fromkeys(self.layer_pos):
+            REGISTRY[name].check_config(self)
         if self.rope_scaling is not None:
-            if self.pos != "rope":
+            if not any(REGISTRY[name].rotary for name in self.layer_pos):
                 fail(own, "rope_scaling", dict(self.rope_scaling),
-                      f"only applies to pos='rope', this model has pos={self.pos!r}")
+                      f"only applies to rotary encodings ({' | '.join(n for n, e in REGISTRY.items() if e.rotary)}), "
+                      f"this model has pos={self.pos!r}")
             self.rope_scaling = normalize_rope_scaling(self.rope_scaling, self.max_seq_len)
+
+    def _check_pos(self) -> None:
+        names = tuple(REGISTRY)
+        if isinstance(self.pos, str):
+            check_choice("model", "pos", self.pos, names)
+            return
+        if not isinstance(self.pos, Sequence) or not 1 <= len(self.pos) <= self.n_layer:
+            fail("model", "pos", self.pos, f"must be an encoding name or a list of 1 to n_layer={self.n_layer} "
+                 f"names cycled over the layers; names: {' | '.join(names)}")
+        self.pos = list(self.pos)  # a plain list (Hydra hands a ListConfig), as config.json stores it
+        for name in self.pos:
+            check_choice("model", "pos", name, names)
+            if REGISTRY[name].acts_on_embeddings:
+                fail("model", "pos", self.pos, f"{name!r} adds positions to the embeddings, before any layer: "
+                     f"it can only be the whole model's choice (pos={name})")
+
+    @property
+    def layer_pos(self) -> tuple[str, ...]:
+        """The encoding of each layer: ``pos`` repeated, or its list cycled over the layers."""
+        return per_layer(self.pos, self.n_layer)
 
     @property
     def head_dim(self) -> int:
@@ -99,6 +135,12 @@ class ModelConfig:
     def from_dict(cls, values: Mapping[str, Any]) -> ModelConfig:
         return from_dict(cls, values, owner="model")
 
+
+
+def per_layer(value: Any, n_layer: int) -> tuple[Any, ...]:
+    """One value per layer: a single value repeated, or a list cycled ([a, b] -> a, b, a, b, ...)."""
+    values = [value] if isinstance(value, str) or not isinstance(value, Sequence) else list(value)
+    return tuple(values[i % len(values)] for i in range(n_layer))
 
 
 # Model presets, the one source: scripts register them as Hydra's `model` group; tests count parameters.

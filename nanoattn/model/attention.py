@@ -13,8 +13,9 @@ Design:
   which halves the work of a long causal input.
 - The slow path (``return_weights=True``) computes softmax(QK^T/sqrt(d) + bias) explicitly and
   returns the weights for analysis; tests check it equals the fast path.
-- The positional encoding is asked for what it does (``rotate``, ``bias``); this module never
-  branches on its name.
+- The positional encoding is the layer's own (``GPT`` hands it ``pos.for_layer(layer)``) and is
+  asked for what it does (``rotate``, ``scale_queries``, ``scale_keys``, ``bias``); this module
+  never branches on its name.
 """
 
 from __future__ import annotations
@@ -64,22 +65,23 @@ class Attention(nn.Module):
         qk, v = heads.split([H + Hkv, Hkv], dim=1)  # v: [B, Hkv, T, D]
         # Queries and keys rotate in one call: one cos/sin lookup, half the kernel launches.
         q, k = pos.rotate(qk, positions, seq_len).split([H, Hkv], dim=1)  # [B, H, T, D], [B, Hkv, T, D]
+        q, k = pos.scale_queries(q, positions), pos.scale_keys(k, positions)
         if cache is not None:
             k, v = cache.update(layer, k, v)  # [B, Hkv, seq_len, D]
         k, v = k.to(q.dtype), v.to(q.dtype)
         k_positions = torch.arange(seq_len - k.shape[2], seq_len, device=x.device)
 
         if return_weights:
-            y, weights = self._attend_explicit(q, k, v, positions, k_positions, pos)
+            y, weights = self._attend_explicit(q, k, v, positions, k_positions, pos, layer)
         else:
-            y, weights = self._attend(q, k, v, positions, k_positions, pos), None
+            y, weights = self._attend(q, k, v, positions, k_positions, pos, layer), None
         if head_mask is not None:
             y = y * head_mask.to(y.dtype).view(1, H, 1, 1)
         y = y.transpose(1, 2).reshape(B, T, H * D)  # [B, T, d_model]: concat heads
         y = dropout(self.proj(y), self.dropout, self.training)
         return y, weights
 
-    def _attend(self, q, k, v, q_positions, k_positions, pos) -> torch.Tensor:
+    def _attend(self, q, k, v, q_positions, k_positions, pos, layer) -> torch.Tensor:
         """Fast path. q [B, H, Tq, D], k/v [B, Hkv, Tk, D] -> [B, H, Tq, D]."""
         B, H, Tq, D = q.shape
         Tk = k.shape[2]
@@ -101,27 +103,28 @@ class Attention(nn.Module):
             # Queries and keys end at the same (newest) position, so this chunk's queries see only
             # the first Tk - Tq + stop keys: the later ones, fully masked, are never computed.
             keys = Tk - Tq + stop
-            mask = self._mask(q_positions[start:stop], k_positions[:keys], pos, q.dtype)
+            mask = self._mask(q[:, :, start:stop], k[:, :, :keys], q_positions[start:stop], k_positions[:keys],
+                              pos, layer, q.dtype)
             outputs.append(F.scaled_dot_product_attention(q[:, :, start:stop], k[:, :, :keys], v[:, :, :keys],
                                                           attn_mask=mask, **options))
         return torch.cat(outputs, dim=2)
 
     @staticmethod
-    def _mask(q_positions, k_positions, pos, dtype) -> torch.Tensor:
-        """Causal mask plus the encoding's bias: bool [Tq, Tk] or additive [H, Tq, Tk]."""
+    def _mask(q, k, q_positions, k_positions, pos, layer, dtype) -> torch.Tensor:
+        """Causal mask plus the encoding's bias: bool [Tq, Tk] or additive [(B,) H, Tq, Tk]."""
         allowed = k_positions[None, :] <= q_positions[:, None]  # [Tq, Tk]
-        bias = pos.bias(q_positions, k_positions)
+        bias = pos.bias(q, k, q_positions, k_positions, layer)
         if bias is None:
             return allowed
         return bias.masked_fill(~allowed, float("-inf")).to(dtype)
 
-    def _attend_explicit(self, q, k, v, q_positions, k_positions, pos):
+    def _attend_explicit(self, q, k, v, q_positions, k_positions, pos, layer):
         """Slow path returning the weights [B, H, Tq, Tk] as well."""
+        mask = self._mask(q, k, q_positions, k_positions, pos, layer, torch.float32)
         groups = self.n_head // self.n_kv_head
         k = k.repeat_interleave(groups, dim=1)  # [B, H, Tk, D]
         v = v.repeat_interleave(groups, dim=1)
         scores = (q @ k.transpose(-2, -1)).float() / math.sqrt(self.head_dim)  # [B, H, Tq, Tk]
-        mask = self._mask(q_positions, k_positions, pos, torch.float32)
         scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
         weights = torch.softmax(scores, dim=-1)
         return weights.to(v.dtype) @ v, weights

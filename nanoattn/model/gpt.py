@@ -89,7 +89,7 @@ class GPT(nn.Module):
         x = dropout(x, self.cfg.dropout, self.training)
         all_weights = []
         for layer, block in enumerate(self.blocks):
-            x, weights = block(x, self.pos, positions, seq_len, cache=cache, layer=layer,
+            x, weights = block(x, self.pos.for_layer(layer), positions, seq_len, cache=cache, layer=layer,
                                head_mask=None if head_mask is None else head_mask[layer],
                                return_weights=return_weights)
             if return_weights:

@@ -1,35 +1,76 @@
 """The interface every positional encoding implements.
 
-An encoding may act in up to three places, and the attention block only ever asks it:
-1. ``embed``: on token embeddings before the first block (sinusoidal, learned);
-2. ``rotate``: on queries and keys inside every attention layer (RoPE and its scalings);
-3. ``bias``: as an additive attention bias ``[n_head, Tq, Tk]`` (ALiBi).
+An encoding may act in these places, and the attention block only ever asks it:
+1. ``embed``: on token embeddings before the first block (sinusoidal, learned). Such an
+   encoding (``acts_on_embeddings``) can only be the whole model's choice, never one layer's.
+2. ``rotate``: the same position-dependent map on queries and keys, called once on both
+   (RoPE and its scalings, partial RoPE, p-RoPE).
+3. ``scale_queries`` / ``scale_keys``: separate maps where queries and keys differ (xPos's
+   decay, Llama 4's query temperature). Keys are mapped at their own position before they are
+   cached, so cached decoding stays exact.
+4. ``bias``: an additive attention bias, from positions only (ALiBi, T5, KERPLE, FIRE) or also
+   from the queries and keys (CoPE). It is asked for one chunk of queries at a time, so no
+   ``[n_head, T, T]`` tensor is ever built for a long input.
 The defaults do nothing, so NoPE is the base class itself. Positions are explicit int64
 tensors (absolute token indices), so training, KV-cached decoding and sliding-window
 evaluation all hand the encoding the same numbers for the same token.
+
+A model may use a different encoding in each layer (``ModelConfig.pos`` as a list, see
+``layout.py``); ``for_layer`` returns the encoding that acts in one layer. An encoding whose
+parameters differ per layer (KERPLE, FIRE, CoPE) is built once with ``layers``, the indices of
+the layers that use it, and receives the layer index in ``bias``.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 from torch import nn
 
 
 class PositionalEncoding(nn.Module):
+    acts_on_embeddings: bool = False  # True when ``embed`` adds positions: only a whole-model choice
+    rotary: bool = False  # True when it rotates by rope_theta (and rope_scaling applies to it)
     adds_bias: bool = False  # True when ``bias`` returns a tensor; attention then takes the bias path
-    # True when the rotation at a position depends on the sequence length (dynamic NTK).
+    # True when the rotation at a position depends on the sequence length (dynamic NTK, LongRoPE).
     length_dependent_rotation: bool = False
+
+    def __init__(self, cfg, layers: Sequence[int]) -> None:
+        """``layers``: the indices of the layers that use this encoding (every layer when uniform)."""
+        super().__init__()
+        self.layers = tuple(layers)
+
+    @classmethod
+    def check_config(cls, cfg) -> None:
+        """Raise a one-line ValueError when ``cfg`` (a ModelConfig using this encoding) is invalid for it."""
+
+    def for_layer(self, layer: int) -> PositionalEncoding:
+        """The encoding acting in ``layer``: itself, unless this is a per-layer layout."""
+        return self
 
     def embed(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Token embeddings x [B, T, d_model] at positions [T] -> the residual stream's input."""
         return x
 
     def rotate(self, x: torch.Tensor, positions: torch.Tensor, seq_len: int) -> torch.Tensor:
-        """Queries or keys x [B, heads, T, head_dim] at positions [T]; seq_len = max position + 1."""
+        """Queries and keys x [B, heads, T, head_dim] at positions [T]; seq_len = max position + 1."""
         return x
 
-    def bias(self, q_positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor | None:
-        """Additive attention bias [n_head, Tq, Tk] (float32), or None."""
+    def scale_queries(self, q: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Queries q [B, n_head, T, head_dim] after ``rotate``, at positions [T]."""
+        return q
+
+    def scale_keys(self, k: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Keys k [B, n_kv_head, T, head_dim] after ``rotate``, at their own positions [T]."""
+        return k
+
+    def bias(self, q: torch.Tensor, k: torch.Tensor, q_positions: torch.Tensor, k_positions: torch.Tensor,
+             layer: int) -> torch.Tensor | None:
+        """Additive attention bias (float32) for queries q [B, n_head, Tq, D] at q_positions [Tq] over
+        keys k [B, n_kv_head, Tk, D] at k_positions [Tk]: [n_head, Tq, Tk] or [B, n_head, Tq, Tk],
+        or None. Entries where a key is after its query are masked by the caller.
+        """
         return None
 
     def check_length(self, seq_len: int) -> None:
@@ -42,3 +83,7 @@ class PositionalEncoding(nn.Module):
         through the hidden states), so exact decoding must re-encode the sequence (generate.py).
         """
         return False
+
+    def layer_slot(self, layer: int) -> int:
+        """Index of ``layer`` among the layers using this encoding (for per-layer parameters)."""
+        return self.layers.index(layer)

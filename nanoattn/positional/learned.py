@@ -13,8 +13,10 @@ from nanoattn.positional.base import PositionalEncoding
 
 
 class LearnedPositionalEncoding(PositionalEncoding):
-    def __init__(self, cfg) -> None:
-        super().__init__()
+    acts_on_embeddings = True
+
+    def __init__(self, cfg, layers) -> None:
+        super().__init__(cfg, layers)
         self.table = nn.Embedding(cfg.max_seq_len, cfg.d_model)
 
     @property

@@ -20,14 +20,22 @@ from nanoattn.positional.rope_scaling import rope_depends_on_length, rope_freque
 
 
 class RotaryPositionalEncoding(PositionalEncoding):
-    def __init__(self, cfg) -> None:
-        super().__init__()
+    rotary = True
+
+    def __init__(self, cfg, layers) -> None:
+        super().__init__(cfg, layers)
         self.head_dim = cfg.head_dim
         self.theta = float(cfg.rope_theta)
         self.scaling = cfg.rope_scaling
         self.length_dependent_rotation = rope_depends_on_length(cfg.rope_scaling)
         # (device, table length or the dynamic seq_len) -> (cos, sin), each [L, head_dim // 2] float32
         self._tables: dict[torch.device, tuple[int, torch.Tensor, torch.Tensor]] = {}
+
+    @classmethod
+    def check_config(cls, cfg) -> None:
+        if cfg.head_dim % 2:
+            raise ValueError(f"model.d_model={cfg.d_model!r} is invalid: rotary positions need an even "
+                             f"head_dim, got d_model/n_head={cfg.head_dim}")
 
     def cos_sin(self, seq_len: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """float32 cos and sin [>= seq_len, head_dim // 2], attention factor included."""

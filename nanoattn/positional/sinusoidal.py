@@ -30,8 +30,10 @@ def sinusoidal_table(positions: torch.Tensor, d_model: int) -> torch.Tensor:
 
 
 class SinusoidalPositionalEncoding(PositionalEncoding):
-    def __init__(self, cfg) -> None:
-        super().__init__()
+    acts_on_embeddings = True
+
+    def __init__(self, cfg, layers) -> None:
+        super().__init__(cfg, layers)
         self.d_model = cfg.d_model
         self.embed_scale = math.sqrt(cfg.d_model)
 

@@ -8,7 +8,10 @@ import torch
 from nanoattn import GPT, KVCache, ModelConfig
 from nanoattn.model import Attention
 from nanoattn.model import attention as attention_module
-from nanoattn.positional import build_positional
+from nanoattn.positional import REGISTRY, build_positional
+
+# Encodings that act inside attention (every one but those added to the embeddings).
+ATTENTION_LEVEL = [name for name, encoding in REGISTRY.items() if not encoding.acts_on_embeddings]
 
 torch.manual_seed(0)
 
@@ -98,7 +101,7 @@ def test_nope_with_causal_mask_is_not_order_blind():
         assert not torch.allclose(model(idx[:, perm]), model(idx)[:, perm], atol=1e-4)
 
 
-@pytest.mark.parametrize("pos", ["alibi", "rope", "nope"])
+@pytest.mark.parametrize("pos", ATTENTION_LEVEL)
 @pytest.mark.parametrize("n_kv_head", [4, 2, 1])
 def test_chunked_mask_path_equals_explicit_attention(monkeypatch, pos, n_kv_head):
     monkeypatch.setattr(attention_module, "MASK_CHUNK_ELEMENTS", 2 * 4 * 7 * 40)  # 7 queries a chunk
@@ -106,8 +109,8 @@ def test_chunked_mask_path_equals_explicit_attention(monkeypatch, pos, n_kv_head
     attn, pe = Attention(cfg), build_positional(cfg)
     q, k, v = torch.randn(2, 4, 40, 8), torch.randn(2, n_kv_head, 40, 8), torch.randn(2, n_kv_head, 40, 8)
     positions = torch.arange(40)
-    fast = attn._attend(q, k, v, positions, positions, pe)
-    slow, weights = attn._attend_explicit(q, k, v, positions, positions, pe)
+    fast = attn._attend(q, k, v, positions, positions, pe, 0)
+    slow, weights = attn._attend_explicit(q, k, v, positions, positions, pe, 0)
     torch.testing.assert_close(fast, slow, atol=1e-5, rtol=1e-5)
     assert torch.allclose(weights.sum(-1), torch.ones(2, 4, 40))
     assert (weights.triu(1) == 0).all()  # causal
@@ -117,8 +120,8 @@ def test_alibi_bias_chunks_stay_below_the_materialised_bound(monkeypatch):
     built = []
     original = attention_module.Attention._mask
 
-    def spy(q_positions, k_positions, pos, dtype):
-        mask = original(q_positions, k_positions, pos, dtype)
+    def spy(q, k, q_positions, k_positions, pos, layer, dtype):
+        mask = original(q, k, q_positions, k_positions, pos, layer, dtype)
         built.append(mask.numel())
         return mask
 

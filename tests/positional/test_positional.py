@@ -85,7 +85,7 @@ def test_alibi_slopes_for_non_powers_of_two_follow_the_paper():
 
 def test_alibi_bias_is_minus_slope_times_distance_not_scaled():
     alibi = build_positional(ModelConfig(d_model=64, n_head=4, pos="alibi"))
-    bias = alibi.bias(torch.arange(5), torch.arange(5))
+    bias = alibi.bias(None, None, torch.arange(5), torch.arange(5), 0)
     slopes = alibi_slopes(4)
     assert bias.shape == (4, 5, 5)
     assert bias[1, 4, 0].item() == pytest.approx(-slopes[1] * 4)
