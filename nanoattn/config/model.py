@@ -90,9 +90,9 @@ class ModelConfig:
             REGISTRY[name].check_config(self)
         if self.rope_scaling is not None:
             if not any(REGISTRY[name].rotary for name in self.layer_pos):
+                rotary = " | ".join(name for name, encoding in REGISTRY.items() if encoding.rotary)
                 fail(own, "rope_scaling", dict(self.rope_scaling),
-                      f"only applies to rotary encodings ({' | '.join(n for n, e in REGISTRY.items() if e.rotary)}), "
-                      f"this model has pos={self.pos!r}")
+                      f"only applies to rotary encodings ({rotary}), this model has pos={self.pos!r}")
             self.rope_scaling = normalize_rope_scaling(self.rope_scaling, self.max_seq_len)
 
     def _check_pos(self) -> None:
@@ -101,14 +101,14 @@ class ModelConfig:
             check_choice("model", "pos", self.pos, names)
             return
         if not isinstance(self.pos, Sequence) or not 1 <= len(self.pos) <= self.n_layer:
-            fail("model", "pos", self.pos, f"must be an encoding name or a list of 1 to n_layer={self.n_layer} "
-                 f"names cycled over the layers; names: {' | '.join(names)}")
+            fail("model", "pos", self.pos, f"must be an encoding name or a list of 1 to "
+                 f"n_layer={self.n_layer} names cycled over the layers; names: {' | '.join(names)}")
         self.pos = list(self.pos)  # a plain list (Hydra hands a ListConfig), as config.json stores it
         for name in self.pos:
             check_choice("model", "pos", name, names)
             if REGISTRY[name].acts_on_embeddings:
-                fail("model", "pos", self.pos, f"{name!r} adds positions to the embeddings, before any layer: "
-                     f"it can only be the whole model's choice (pos={name})")
+                fail("model", "pos", self.pos, f"{name!r} adds positions to the embeddings, before any "
+                     f"layer: it can only be the whole model's choice (pos={name})")
 
     @property
     def layer_pos(self) -> tuple[str, ...]:

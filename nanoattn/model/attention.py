@@ -103,8 +103,8 @@ class Attention(nn.Module):
             # Queries and keys end at the same (newest) position, so this chunk's queries see only
             # the first Tk - Tq + stop keys: the later ones, fully masked, are never computed.
             keys = Tk - Tq + stop
-            mask = self._mask(q[:, :, start:stop], k[:, :, :keys], q_positions[start:stop], k_positions[:keys],
-                              pos, layer, q.dtype)
+            mask = self._mask(q[:, :, start:stop], k[:, :, :keys], q_positions[start:stop],
+                              k_positions[:keys], pos, layer, q.dtype)
             outputs.append(F.scaled_dot_product_attention(q[:, :, start:stop], k[:, :, :keys], v[:, :, :keys],
                                                           attn_mask=mask, **options))
         return torch.cat(outputs, dim=2)

@@ -20,7 +20,8 @@ from nanoattn.positional.base import PositionalEncoding
 
 
 class LayerLayout(PositionalEncoding):
-    def __init__(self, cfg, names: Sequence[str], build: Callable[[str, tuple[int, ...]], PositionalEncoding]):
+    def __init__(self, cfg, names: Sequence[str],
+                 build: Callable[[str, tuple[int, ...]], PositionalEncoding]) -> None:
         super().__init__(cfg, range(len(names)))
         self.names = tuple(names)  # one per layer
         # Keyed by name, so checkpoints read "pos.<name>.<parameter>".
