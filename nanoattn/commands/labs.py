@@ -17,6 +17,7 @@ Design choices:
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -30,10 +31,14 @@ from nanoattn.eval.passkey import passkey_summary_table
 from nanoattn.eval.plots import plot_length_curves, plot_passkey
 from nanoattn.eval.runs import is_path, scaling_tag
 from nanoattn.eval.tables import write_table
+from nanoattn.logging import read_metrics
 from nanoattn.runtime import DTYPES, check_device_name
 from nanoattn.validation import check_bool, check_choice, check_positive_int, fail
 
-LAB_ENCODINGS = ("sinusoidal", "learned", "rope", "alibi", "nope")
+# The lab's rows: configs/pos/<name>.yaml each (a registry encoding, or a variant such as
+# partial RoPE or Llama 4's iRoPE layout); runs land in <runs_root>/<name>.
+LAB_ENCODINGS = ("sinusoidal", "learned", "rope", "alibi", "nope", "t5", "kerple_log", "kerple_power", "fire",
+                 "rope_partial", "p_rope", "xpos", "irope", "cope")
 # Zero-shot RoPE scalings of the lab: factor 4 for each type, and 16 (the longest length) for PI and YaRN.
 LAB_SCALINGS = tuple({"type": kind, "factor": factor} for kind, factor in
                      (("linear", 4), ("linear", 16), ("ntk", 4), ("dynamic", 4), ("yarn", 4), ("yarn", 16)))
@@ -73,6 +78,12 @@ class LabConfig:
         return "passkey" if self.passkey else "extrapolation"
 
 
+def training_speed(run: Path) -> float | None:
+    """Median training tokens/s of a run's logged intervals (metrics.jsonl), None if it logged none."""
+    speeds = [r["tok_per_s"] for r in read_metrics(run / "metrics.jsonl") if "tok_per_s" in r]
+    return statistics.median(speeds) if speeds else None
+
+
 def run_lab(lab: str, runs_root: Path, out_dir: Path, jobs: Sequence[Job],
             evaluate: Callable[[Path, Mapping[str, Any] | None], dict[str, Any]],
             plot: Callable[[Reports, Sequence[str], Path], Path],
@@ -110,11 +121,16 @@ def extrapolation_lab(cfg: LabConfig) -> str:
                         plot_passkey, passkey_summary_table)
     else:
         scaled: list[Job] = [(f"rope+{scaling_tag(s)}", "rope", s) for s in LAB_SCALINGS]
-        table = run_lab(cfg.lab, runs_root, out_dir, plain + scaled,
-                        lambda run, scaling: run_length_eval(LengthEvalConfig(
-                            ckpt=str(run), max_tokens=cfg.max_tokens, mode="chunks",
-                            rope_scaling=None if scaling is None else dict(scaling), **common)),
-                        plot_length_curves, length_table)
+
+        def evaluate(run: Path, scaling: Mapping[str, Any] | None) -> dict[str, Any]:
+            report = run_length_eval(LengthEvalConfig(
+                ckpt=str(run), max_tokens=cfg.max_tokens, mode="chunks",
+                rope_scaling=None if scaling is None else dict(scaling), **common))
+            # The encoding's price: its run's training speed (a zero-shot scaling trains nothing).
+            return report if scaling else {**report, "train_tok_per_s": training_speed(run)}
+
+        table = run_lab(cfg.lab, runs_root, out_dir, plain + scaled, evaluate, plot_length_curves,
+                        length_table)
     print(table, end="")
     print(f"lab done in {time.perf_counter() - began:.0f} s; wrote {out_dir / LAB_DOC} and "
           f"{out_dir / cfg.lab}.png")

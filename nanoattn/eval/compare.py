@@ -8,7 +8,8 @@ Design choices:
 - The table has a row per run and a column per length; a cell is ``ppl (ratio×)`` with the ratio
   ppl(L) / ppl(training length), the number that says whether an encoding holds up independently
   of how good it is in distribution. Lengths a run did not reach read ``n/a`` (learned positions
-  past their table), lengths it was not evaluated at stay empty.
+  past their table), lengths it was not evaluated at stay empty. Reports that carry their run's
+  training tokens/s (the extrapolation lab's) get a last column with it.
 """
 
 from __future__ import annotations
@@ -47,6 +48,10 @@ def length_table(reports: Sequence[Mapping[str, Any]], labels: Sequence[str]) ->
     train_lengths = {report["train_seq_len"] for report in reports}
     shared = next(iter(train_lengths)) if len(train_lengths) == 1 else None
     header = ["run", *(f"{n} ({n / shared:g}×)" if shared else str(n) for n in lengths)]
+    # Reports of the extrapolation lab carry their run's training speed: the encoding's price.
+    speeds = [report.get("train_tok_per_s") for report in reports]
+    if any(speeds):
+        header.append("train tok/s")
     rows = []
     for report, label in zip(reports, labels, strict=True):
         by_length = {r["length"]: r for r in report["results"]}
@@ -61,5 +66,8 @@ def length_table(reports: Sequence[Mapping[str, Any]], labels: Sequence[str]) ->
             else:
                 ratio = f" ({result['ppl'] / base:.2f}×)" if base else ""
                 cells.append(f"{result['ppl']:.1f}{ratio}")
+        if any(speeds):
+            speed = report.get("train_tok_per_s")
+            cells.append(f"{speed:,.0f}" if speed else "")
         rows.append([label, *cells])
     return format_table(header, rows)

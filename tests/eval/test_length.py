@@ -20,6 +20,7 @@ from omegaconf import OmegaConf
 
 from nanoattn import GPT, ModelConfig, load_checkpoint
 from nanoattn.checkpoint import save_checkpoint
+from nanoattn.commands import labs
 from nanoattn.commands.eval_length import LengthEvalConfig, eval_length, run_length_eval
 from nanoattn.commands.labs import LAB_ENCODINGS, LAB_SCALINGS, LabConfig, extrapolation_lab
 from nanoattn.config import DataConfig
@@ -28,6 +29,7 @@ from nanoattn.eval import evaluate_lengths, lengths_from_multiples, score_length
 from nanoattn.eval.length import PeakMemory, window_starts
 from nanoattn.eval.runs import default_output, scaling_tag
 from nanoattn.model import attention
+from nanoattn.positional import REGISTRY
 from nanoattn.validation import from_dict
 
 REPO = Path(__file__).resolve().parents[2]
@@ -113,8 +115,10 @@ def test_learned_past_its_table_is_null_not_a_crash():
     json.dumps([r.to_dict() for r in sweep.results])
 
 
-def test_attention_never_builds_a_heads_by_t_by_t_mask(monkeypatch):
-    """At 2048 tokens a [heads, T, T] mask would have 16.8M elements: ALiBi's stays in query chunks."""
+@pytest.mark.parametrize("pos", [name for name in REGISTRY if name != "learned"])  # learned: undefined there
+def test_attention_never_builds_a_heads_by_t_by_t_mask(monkeypatch, pos):
+    """At 2048 tokens a [heads, T, T] mask would have 16.8M elements: biases stay in query chunks,
+    and encodings without a bias build no mask at all (SDPA's causal kernel)."""
     length, built = 2048, []
     original = attention.Attention._mask
 
@@ -125,13 +129,13 @@ def test_attention_never_builds_a_heads_by_t_by_t_mask(monkeypatch):
 
     monkeypatch.setattr(attention.Attention, "_mask", staticmethod(spy))
     tokens = torch.randint(0, VOCAB, (length + 1,), generator=torch.Generator().manual_seed(5))
-    for pos in ("rope", "sinusoidal", "nope"):
-        score_length(tiny_model(pos), tokens, length)
-    assert built == []  # no mask at all: SDPA's causal kernel
-    model = tiny_model("alibi")
+    model = tiny_model(pos)
     score_length(model, tokens, length)
-    materialised = model.cfg.n_head * length * length
-    assert built and max(built) <= attention.MASK_CHUNK_ELEMENTS < materialised
+    if not REGISTRY[pos].adds_bias:
+        assert built == []
+    else:
+        materialised = model.cfg.n_head * length * length
+        assert built and max(built) <= attention.MASK_CHUNK_ELEMENTS < materialised
 
 
 def test_peak_memory_sees_torch_cpu_allocations():
@@ -219,6 +223,9 @@ def save_run(run_dir: Path, pos: str, data_dir: Path) -> Path:
     save_checkpoint(run_dir / "checkpoints", "100", model, train_seq_len=32, step=100,
                     tokenizer_file=data_dir / "tokenizer.json")
     (run_dir / "config.yaml").write_text(f"data:\n  root: {data_dir.parent}\n  name: {data_dir.name}\n")
+    speeds = (1000.0, 3000.0, 2000.0)  # the lab reports their median
+    records = [{"step": 10 * (i + 1), "tok_per_s": speed} for i, speed in enumerate(speeds)]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(record) + "\n" for record in records))
     return run_dir
 
 
@@ -317,7 +324,17 @@ def test_the_config_composes_with_scaling_overrides(eval_schemas):
     assert from_dict(LengthEvalConfig, cfg, owner="eval_length") == LengthEvalConfig(ckpt="runs/x")
 
 
-def test_the_extrapolation_lab_evaluates_every_run_and_rewrites_only_its_table(prepared, tmp_path, capsys):
+def test_every_lab_row_is_a_pos_config_of_a_valid_model():
+    for name in LAB_ENCODINGS:
+        fields = OmegaConf.to_container(OmegaConf.load(REPO / "configs" / "pos" / f"{name}.yaml"))
+        ModelConfig(**fields)
+
+
+def test_the_extrapolation_lab_evaluates_every_run_and_rewrites_only_its_table(prepared, tmp_path, capsys,
+                                                                              monkeypatch):
+    # Four of the lab's rows keep the test fast; the driver treats every row alike.
+    monkeypatch.setattr(labs, "LAB_ENCODINGS", ("learned", "rope", "alibi", "nope"))
+    LAB_ENCODINGS = labs.LAB_ENCODINGS
     runs, docs = tmp_path / "runs", tmp_path / "docs"
     for pos in LAB_ENCODINGS[:-1]:
         save_run(runs / pos, pos, prepared)
@@ -336,9 +353,11 @@ def test_the_extrapolation_lab_evaluates_every_run_and_rewrites_only_its_table(p
         gc.unfreeze()
     labels = [*LAB_ENCODINGS, *(f"rope+{scaling_tag(s)}" for s in LAB_SCALINGS)]
     rows = table.splitlines()
-    assert rows[0] == "| run | 32 (1×) | 40 (1.25×) | 48 (1.5×) | 64 (2×) | 128 (4×) | 256 (8×) | 512 (16×) |"
+    assert rows[0] == ("| run | 32 (1×) | 40 (1.25×) | 48 (1.5×) | 64 (2×) | 128 (4×) | 256 (8×) | 512 (16×) "
+                       "| train tok/s |")
     assert [row.split(" | ")[0].removeprefix("| ") for row in rows[2:]] == labels
-    assert rows[2 + LAB_ENCODINGS.index("learned")].endswith("| n/a | n/a | n/a | n/a | n/a | n/a |")
+    assert rows[2 + LAB_ENCODINGS.index("learned")].endswith("| n/a | n/a | n/a | n/a | n/a | n/a | 2,000 |")
+    assert rows[2 + labels.index("rope+yarn4")].endswith("|  |")  # a zero-shot scaling trained nothing
     # Each evaluation is the one eval_length writes, in its run directory.
     yarn4 = json.loads((runs / "rope" / "length_eval_yarn4.json").read_text())
     assert yarn4["rope_scaling"]["factor"] == 4 and yarn4["max_tokens"] == 512
