@@ -2,7 +2,7 @@
 
 A scaling changes only two things: the inverse frequencies ``inv_freq`` [head_dim // 2] that
 multiply positions, and an attention factor that multiplies cos and sin (so attention logits
-scale by its square; the caller applies it). Each type is one small function in ``_SCALINGS``;
+scale by its square; the caller applies it). Each type is one small function in ``SCALINGS``;
 the model never branches on the type. Types and the references whose numbers they match:
 
 - ``linear``: position interpolation, Chen et al. 2023, https://arxiv.org/abs/2306.15595
@@ -13,171 +13,47 @@ the model never branches on the type. Types and the references whose numbers the
   static counterpart; see the note on ``_ntk`` for how it relates to ``dynamic``.
 - ``dynamic``: dynamic NTK, emozilla (r/LocalLLaMA, https://www.reddit.com/r/LocalLLaMA/comments/14mrgpr/),
   transformers' ``dynamic`` type: the base grows with the current length once it exceeds the
-  original one. The only length-dependent type (``rope_depends_on_length``).
+  original one. Length-dependent (``rope_depends_on_length``), like ``longrope``.
 - ``yarn``: Peng et al. 2023, https://arxiv.org/abs/2309.00071. High-frequency pairs keep their
   frequency, low-frequency pairs are interpolated by ``factor``, a linear ramp in between whose
   ends come from ``beta_fast``/``beta_slow`` rotations over the *original* length; attention
   factor ``0.1 ln(factor) + 1`` (or DeepSeek's ``mscale``/``mscale_all_dim`` ratio).
 - ``llama3``: Meta's Llama 3.1 ``apply_scaling`` (https://github.com/meta-llama/llama-models):
   by wavelength, long ones divided by ``factor``, short ones kept, smooth in between.
+- ``longrope``: LongRoPE, Ding et al. 2024, https://arxiv.org/abs/2402.13753, as Phi-3 uses it
+  (transformers' ``longrope``): pair i's frequency is divided by a searched per-pair factor,
+  ``short_factor[i]`` while the length is at most the original one and ``long_factor[i]`` past
+  it; attention factor ``sqrt(1 + ln(factor) / ln(original_max_seq_len))``. Length-dependent.
 
 Numbers equal transformers' ``modeling_rope_utils`` (5.x) bit for bit: the same float32
 operations in the same order, so tests can compare with ``atol=0``. Precision: inverse
 frequencies always come from an int64 arange cast to float32 (never a bf16/fp16 arange), and
 scalar parameters (bases, correction dims) stay Python floats (float64).
 
-``normalize_rope_scaling`` validates a user mapping once (one-line ``ValueError`` naming the
-key) and fills every default, so the functions below read a complete, plain dict.
+``normalize_rope_scaling`` (``rope_scaling_params.py``) validates a user mapping once (one-line
+``ValueError`` naming the key) and fills every default, so the functions below read a complete,
+plain dict; its types are ``SCALINGS``'s (tested).
 """
 
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Callable, Mapping
-from typing import Any, NoReturn
+from typing import Any
 
 import torch
 
-_WHERE = "model.rope_scaling"
-
-# transformers' spellings accepted on input and rewritten to ours.
-_ALIASES = {"rope_type": "type", "original_max_position_embeddings": "original_max_seq_len"}
-
-# Per-type parameters beyond the common ``type``, ``factor``, ``original_max_seq_len``, with defaults.
-_EXTRA_DEFAULTS: dict[str, dict[str, Any]] = {
-    "linear": {},
-    "ntk": {},
-    "dynamic": {},
-    "yarn": {
-        "beta_fast": 32.0,  # pairs rotating more than this over the original length: kept
-        "beta_slow": 1.0,  # pairs rotating less than this: interpolated by factor
-        "attention_factor": None,  # None: derived from factor (and mscale / mscale_all_dim)
-        "mscale": None,
-        "mscale_all_dim": None,
-        "truncate": True,  # floor/ceil the ramp ends (in transformers 4.57+; gpt-oss sets False)
-    },
-    "llama3": {"low_freq_factor": 1.0, "high_freq_factor": 4.0},
-}
+from nanoattn.positional.rope_scaling_params import (
+    WHERE,
+    is_finite_number,
+    normalize_rope_scaling,
+    rope_depends_on_length,
+    scaling_error,
+)
 
 # (rotary dim, theta, normalised params, current seq_len, device) -> (inv_freq [dim // 2], attention factor)
 ScalingFn = Callable[[int, float, Mapping[str, Any], int | None, torch.device | None],
                      tuple[torch.Tensor, float]]
-
-
-# ----------------------------------------------------------------------------- validation
-
-
-def _fail(key: str, value: Any, why: str) -> NoReturn:
-    raise ValueError(f"{_WHERE}.{key}={value!r} is invalid: {why}")
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _number(key: str, value: Any, *, above: float | None = None, at_least: float | None = None) -> float:
-    if not _is_number(value):
-        _fail(key, value, "must be a finite number")
-    if at_least is not None and value < at_least:
-        _fail(key, value, f"must be >= {at_least:g}")
-    if above is not None and value <= above:
-        _fail(key, value, f"must be > {above:g}")
-    return float(value)
-
-
-def _positive_int(key: str, value: Any) -> int:
-    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value <= 0:
-        _fail(key, value, "must be a positive integer")
-    return int(value)
-
-
-def _optional_positive(key: str, value: Any) -> float | None:
-    return None if value is None else _number(key, value, above=0.0)
-
-
-def _unalias(scaling: Mapping[str, Any]) -> dict[str, Any]:
-    """Rewrite transformers' key spellings to ours; both spellings must agree if both are given."""
-    out: dict[str, Any] = {}
-    for key, value in scaling.items():
-        name = _ALIASES.get(key, key)
-        if name in out and out[name] != value:
-            _fail(key, value, f"conflicts with {name}={out[name]!r} (the same parameter)")
-        out[name] = value
-    return out
-
-
-def _check_yarn(params: dict[str, Any]) -> None:
-    for key in ("beta_fast", "beta_slow"):
-        params[key] = _number(key, params[key], above=0.0)
-    if params["beta_fast"] <= params["beta_slow"]:
-        _fail("beta_fast", params["beta_fast"], f"must be > beta_slow={params['beta_slow']:g}")
-    for key in ("attention_factor", "mscale", "mscale_all_dim"):
-        params[key] = _optional_positive(key, params[key])
-    # transformers uses mscale only when both are set and ignores both when attention_factor is
-    # set; we refuse those combinations instead of silently dropping a value the user wrote.
-    if (params["mscale"] is None) != (params["mscale_all_dim"] is None):
-        given = "mscale" if params["mscale"] is not None else "mscale_all_dim"
-        _fail(given, params[given], "mscale and mscale_all_dim must be given together")
-    if params["attention_factor"] is not None and params["mscale"] is not None:
-        _fail("attention_factor", params["attention_factor"],
-              "give attention_factor or mscale + mscale_all_dim, not both")
-    if not isinstance(params["truncate"], bool):
-        _fail("truncate", params["truncate"], "must be true or false")
-
-
-def _check_llama3(params: dict[str, Any]) -> None:
-    for key in ("low_freq_factor", "high_freq_factor"):
-        params[key] = _number(key, params[key], above=0.0)
-    if params["high_freq_factor"] <= params["low_freq_factor"]:
-        _fail("high_freq_factor", params["high_freq_factor"],
-              f"must be > low_freq_factor={params['low_freq_factor']:g}")
-
-
-_TYPE_CHECKS: dict[str, Callable[[dict[str, Any]], None]] = {"yarn": _check_yarn, "llama3": _check_llama3}
-
-
-def normalize_rope_scaling(scaling: Mapping[str, Any] | None, max_seq_len: int) -> dict[str, Any] | None:
-    """Validate a RoPE scaling mapping and return a plain dict with every parameter filled in.
-
-    ``max_seq_len`` is the model's training context: the default ``original_max_seq_len``.
-    Accepts transformers' ``rope_type`` / ``original_max_position_embeddings`` spellings.
-    Idempotent: normalising a normalised dict returns an equal dict.
-    """
-    if scaling is None:
-        return None
-    if not isinstance(scaling, Mapping):
-        raise ValueError(f"{_WHERE}={scaling!r} is invalid: must be a mapping such as "
-                         "{'type': 'linear', 'factor': 2.0}, or null")
-    allowed_types = " | ".join(_SCALINGS)
-    params = _unalias(scaling)
-    if "type" not in params:
-        raise ValueError(f"{_WHERE}.type is missing: allowed: {allowed_types}")
-    kind = params["type"]
-    if not isinstance(kind, str) or kind not in _SCALINGS:
-        _fail("type", kind, f"allowed: {allowed_types}")
-    defaults = {"type": kind, "factor": None, "original_max_seq_len": None, **_EXTRA_DEFAULTS[kind]}
-    unknown = [key for key in params if key not in defaults]
-    if unknown:
-        allowed_keys = " | ".join(defaults)
-        _fail(unknown[0], params[unknown[0]], f"unknown key for type {kind!r}; allowed: {allowed_keys}")
-    if "factor" not in params:
-        raise ValueError(f"{_WHERE}.factor is missing: type {kind!r} needs a number >= 1")
-    out = {**defaults, **params}
-    # factor = 1 is allowed, as in transformers: the identity for every type but dynamic (which
-    # then still grows the base by L / L0 past the original length).
-    out["factor"] = _number("factor", out["factor"], at_least=1.0)
-    if out["original_max_seq_len"] is None:
-        out["original_max_seq_len"] = max_seq_len
-    out["original_max_seq_len"] = _positive_int("original_max_seq_len", out["original_max_seq_len"])
-    if kind in _TYPE_CHECKS:
-        _TYPE_CHECKS[kind](out)
-    return out
-
-
-def rope_depends_on_length(scaling: Mapping[str, Any] | None) -> bool:
-    """True when inv_freq depends on the current sequence length (only ``dynamic``)."""
-    return scaling is not None and scaling.get("type", scaling.get("rope_type")) == "dynamic"
 
 
 # ----------------------------------------------------------------------------- frequencies
@@ -300,12 +176,41 @@ def _llama3(dim: int, theta: float, p: Mapping[str, Any], seq_len: int | None,
     return torch.where(wavelength < original / high, inv_freq, scaled), 1.0
 
 
-_SCALINGS: dict[str, ScalingFn] = {
+def longrope_attention_factor(factor: float, original_max_seq_len: int,
+                              attention_factor: float | None = None) -> float:
+    """LongRoPE's cos/sin multiplier: explicit, else sqrt(1 + ln(s) / ln(L0)) (1 when s <= 1).
+
+    Phi-3's and transformers' rule, written in their operation order for equal floats. It does not
+    depend on the current length: the same factor multiplies the short and the long regime.
+    """
+    if attention_factor is not None:
+        return float(attention_factor)
+    if factor <= 1.0:
+        return 1.0
+    return math.sqrt(1 + math.log(factor) / math.log(original_max_seq_len))
+
+
+def _longrope(dim: int, theta: float, p: Mapping[str, Any], seq_len: int | None,
+              device: torch.device | None) -> tuple[torch.Tensor, float]:
+    for key in ("short_factor", "long_factor"):  # the rotary dim is first known here
+        if len(p[key]) != dim // 2:
+            raise ValueError(f"{WHERE}.{key} is invalid: it has {len(p[key])} entries, but rotary dim {dim} "
+                             f"has {dim // 2} pairs (one factor per pair)")
+    # seq_len = max position + 1, so this is transformers' torch.max(position_ids) + 1 > original.
+    key = "long_factor" if seq_len is not None and seq_len > p["original_max_seq_len"] else "short_factor"
+    divisor = torch.tensor(p[key], dtype=torch.float32, device=device)  # [dim // 2]
+    wavelength = theta ** (torch.arange(0, dim, 2, dtype=torch.int64, device=device).to(torch.float32) / dim)
+    inv_freq = 1.0 / (divisor * wavelength)  # transformers' order: divisor * base ** (2i / d), then 1 / x
+    return inv_freq, longrope_attention_factor(p["factor"], p["original_max_seq_len"], p["attention_factor"])
+
+
+SCALINGS: dict[str, ScalingFn] = {
     "linear": _linear,
     "ntk": _ntk,
     "dynamic": _dynamic,
     "yarn": _yarn,
     "llama3": _llama3,
+    "longrope": _longrope,
 }
 
 
@@ -315,24 +220,27 @@ def rope_frequencies(head_dim: int, theta: float, scaling: Mapping[str, Any] | N
     """Inverse frequencies (float32 [head_dim // 2]) and the attention factor for cos and sin.
 
     ``scaling`` is ``normalize_rope_scaling``'s output or None (plain RoPE, factor 1.0).
-    ``seq_len`` (max position + 1) matters only for ``dynamic``; None means the original length.
+    ``seq_len`` (max position + 1) matters only for ``dynamic`` and ``longrope`` (short factors up
+    to the original length, long ones past it); None means the original length.
     ``head_dim`` is the rotary dimension.
     """
     if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim <= 0 or head_dim % 2:
         raise ValueError(f"head_dim={head_dim!r} is invalid: RoPE needs a positive even integer")
-    if not _is_number(theta) or theta <= 0:
+    if not is_finite_number(theta) or theta <= 0:
         raise ValueError(f"rope_theta={theta!r} is invalid: must be a positive number")
     theta = float(theta)  # a numpy scalar ** tensor would not give a torch tensor
     device = torch.device(device) if device is not None else None
     if scaling is None:
         return _unscaled(head_dim, theta, device), 1.0
     kind = scaling.get("type")
-    if not isinstance(kind, str) or kind not in _SCALINGS:
-        _fail("type", kind, "allowed: " + " | ".join(_SCALINGS) + " (pass normalize_rope_scaling's output)")
-    return _SCALINGS[kind](head_dim, theta, scaling, None if seq_len is None else int(seq_len), device)
+    if not isinstance(kind, str) or kind not in SCALINGS:
+        scaling_error("type", kind,
+                      "allowed: " + " | ".join(SCALINGS) + " (pass normalize_rope_scaling's output)")
+    return SCALINGS[kind](head_dim, theta, scaling, None if seq_len is None else int(seq_len), device)
 
 
 __all__ = [
+    "longrope_attention_factor",
     "normalize_rope_scaling",
     "ntk_base",
     "rope_depends_on_length",

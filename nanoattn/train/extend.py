@@ -36,7 +36,7 @@ from nanoattn.train.run_dir import resolve_init_from
 
 # The model fields an extension sets; everything else is the checkpoint's.
 EXTENSION_FIELDS = ("rope_scaling", "max_seq_len")
-FINE_TUNE_TYPES = "linear | ntk | yarn | llama3"
+FINE_TUNE_TYPES = "linear | ntk | yarn | llama3 | longrope"
 
 
 def extension_config(cfg: Mapping[str, Any]) -> RunConfig:

@@ -16,12 +16,14 @@ import pytest
 import torch
 
 from nanoattn.positional.rope_scaling import (
+    SCALINGS,
     normalize_rope_scaling,
     rope_depends_on_length,
     rope_frequencies,
     yarn_attention_factor,
     yarn_correction_range,
 )
+from nanoattn.positional.rope_scaling_params import SCALING_TYPES
 
 transformers = pytest.importorskip("transformers")
 from transformers import LlamaConfig  # noqa: E402
@@ -342,7 +344,7 @@ def test_depends_on_length_only_for_dynamic() -> None:
 
 # ----------------------------------------------------------------------------- validation
 
-ALLOWED = "linear | ntk | dynamic | yarn | llama3"
+ALLOWED = "linear | ntk | dynamic | yarn | llama3 | longrope"
 
 
 @pytest.mark.parametrize("scaling,message", [
@@ -408,3 +410,7 @@ def test_rope_frequencies_rejects_bad_arguments(dim: int, theta: float, scaling:
         scaling = normalize_rope_scaling(scaling, ORIGINAL)
     with pytest.raises(ValueError):
         rope_frequencies(dim, theta, scaling)
+
+
+def test_validation_and_frequencies_know_the_same_types():
+    assert tuple(SCALINGS) == SCALING_TYPES
