@@ -13,7 +13,9 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf, open_dict
 
+from nanoattn.commands.labs import LAB_ENCODINGS
 from nanoattn.config import PRESETS, LoggerConfig, RunConfig, TrainConfig, preset
+from nanoattn.positional import REGISTRY
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs"
@@ -49,7 +51,8 @@ def _run_config(overrides: list[str]) -> RunConfig:
 
 def test_the_model_group_is_the_presets_and_nothing_else():
     assert not (CONFIGS / "model").exists()  # one source per preset: nanoattn.config.PRESETS
-    assert _names("pos") == ["alibi", "learned", "nope", "rope", "sinusoidal"]
+    # Every registered encoding has its option, and every option is a row of the extrapolation lab.
+    assert set(REGISTRY) <= set(_names("pos")) == set(LAB_ENCODINGS)
     assert _names("logger") == ["console", "none", "wandb"]
     assert "debug" in _names("experiment")
 
@@ -62,11 +65,12 @@ def test_each_model_option_equals_its_preset(name):
 @pytest.mark.parametrize("pos", _names("pos"))
 @pytest.mark.parametrize("model", ["gpt-tiny", "llama-tiny", "llama-small"])
 def test_each_pos_composes_with_each_cpu_model(model, pos):
-    run = _run_config([f"model={model}", f"pos={pos}"])
-    assert run.model.pos == pos and run.model.rope_scaling is None
-    untouched = {k: v for k, v in run.model.to_dict().items() if k not in ("pos", "rope_theta")}
+    """The option sets its own fields (pos, and a variant's: rope_fraction, a layout ...) and no other."""
+    own = OmegaConf.to_container(OmegaConf.load(CONFIGS / "pos" / f"{pos}.yaml"))
+    run = _run_config([f"model={model}", f"pos={pos}"]).model.to_dict()
+    assert {k: run[k] for k in own} == own and run["rope_scaling"] is None
     base = _run_config([f"model={model}"]).model.to_dict()
-    assert untouched == {k: v for k, v in base.items() if k not in ("pos", "rope_theta")}
+    assert {k: v for k, v in run.items() if k not in own} == {k: v for k, v in base.items() if k not in own}
 
 
 def test_without_pos_a_preset_keeps_its_own_encoding():

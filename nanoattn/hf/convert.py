@@ -33,7 +33,7 @@ _IGNORED_TENSORS = re.compile(r"(\.attn\.(masked_)?bias|rotary_emb\.inv_freq)$")
 
 
 def export_hf(model: GPT, out_dir: str | Path, tokenizer: Tokenizer | None = None) -> Path:
-    """Write ``model`` as a transformers folder (Llama for RoPE, GPT-2 for learned positions).
+    """Write ``model`` as a transformers folder: Llama, Phi-3, Llama 4 or GPT-2 (``formats.family_for``).
 
     ``tokenizer`` (a ``tokenizers.Tokenizer``) adds ``tokenizer.json`` and a minimal
     ``tokenizer_config.json`` so ``AutoTokenizer.from_pretrained(out_dir)`` works; its
@@ -62,6 +62,8 @@ def export_hf(model: GPT, out_dir: str | Path, tokenizer: Tokenizer | None = Non
     tensors = {}
     for rule in family.rules(cfg):
         tensor = state[rule.ours]
+        if rule.order is not None:  # their row i is our row order[i] (Llama 4's interleaved RoPE pairs)
+            tensor = tensor[torch.tensor(rule.order)]
         pieces = tensor.split(list(rule.split), dim=0) if rule.split else (tensor,)  # row blocks of ours
         for name, piece in zip(rule.theirs, pieces, strict=True):
             tensors[name] = (piece.T if rule.transpose else piece).contiguous()
@@ -137,7 +139,8 @@ def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
 
 
 def import_hf(path: str | Path, *, device: str | torch.device = "cpu") -> GPT:
-    """A nanoattn GPT (float32, eval mode) from a local transformers Llama or GPT-2 folder."""
+    """A nanoattn GPT (float32, eval mode) from a local transformers Llama, Llama 4 (text), Phi-3 or
+    GPT-2 folder."""
     path = Path(path)
     family, cfg = _read_config(path)
     # Older saves (the original GPT-2 upload) store the body without its prefix.
@@ -150,7 +153,11 @@ def import_hf(path: str | Path, *, device: str | torch.device = "cpu") -> GPT:
             raise ValueError(f"{path}: tensor {missing[0]!r} is missing from the weights")
         pieces = [tensors.pop(name) for name in rule.theirs]
         pieces = [piece.T if rule.transpose else piece for piece in pieces]
-        state[rule.ours] = torch.cat(pieces, dim=0) if len(pieces) > 1 else pieces[0]  # our fused rows
+        tensor = torch.cat(pieces, dim=0) if len(pieces) > 1 else pieces[0]  # our fused rows
+        # A row count other than the rule's is a shape _check_state refuses below.
+        if rule.order is not None and tensor.shape[0] == len(rule.order):
+            tensor = tensor[torch.argsort(torch.tensor(rule.order))]
+        state[rule.ours] = tensor
     if cfg.tie_embeddings:
         head = tensors.pop("lm_head.weight", None)
         if head is not None and not torch.equal(head, state["tok_emb.weight"]):

@@ -2,11 +2,16 @@
 
 from nanoattn.positional.alibi import ALiBiPositionalEncoding, alibi_slopes
 from nanoattn.positional.base import PositionalEncoding
+from nanoattn.positional.cope import CoPEPositionalEncoding
+from nanoattn.positional.fire import FIREPositionalEncoding
+from nanoattn.positional.kerple import KERPLELogPositionalEncoding, KERPLEPowerPositionalEncoding
 from nanoattn.positional.layout import LayerLayout
 from nanoattn.positional.learned import LearnedPositionalEncoding
 from nanoattn.positional.nope import NoPositionalEncoding
 from nanoattn.positional.rope import RotaryPositionalEncoding
 from nanoattn.positional.sinusoidal import SinusoidalPositionalEncoding, sinusoidal_table
+from nanoattn.positional.t5 import T5PositionalEncoding
+from nanoattn.positional.xpos import XPosPositionalEncoding
 
 REGISTRY: dict[str, type[PositionalEncoding]] = {
     "sinusoidal": SinusoidalPositionalEncoding,
@@ -14,6 +19,12 @@ REGISTRY: dict[str, type[PositionalEncoding]] = {
     "rope": RotaryPositionalEncoding,
     "alibi": ALiBiPositionalEncoding,
     "nope": NoPositionalEncoding,
+    "t5": T5PositionalEncoding,
+    "kerple_log": KERPLELogPositionalEncoding,
+    "kerple_power": KERPLEPowerPositionalEncoding,
+    "fire": FIREPositionalEncoding,
+    "cope": CoPEPositionalEncoding,
+    "xpos": XPosPositionalEncoding,
 }
 
 

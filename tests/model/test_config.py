@@ -58,7 +58,7 @@ def test_flops_per_token_follows_the_palm_formula():
     [
         (dict(n_head=8, n_kv_head=3), "n_kv_head"),
         (dict(d_model=100, n_head=8), "d_model"),
-        (dict(pos="xpos"), "pos"),
+        (dict(pos="bogus"), "pos"),
         (dict(d_model=36, n_head=4, pos="rope"), "d_model"),  # head_dim 9 is odd
         (dict(d_model=0), "d_model"),
         (dict(n_layer=-1), "n_layer"),

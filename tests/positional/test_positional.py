@@ -10,7 +10,8 @@ from nanoattn.positional import REGISTRY, alibi_slopes, build_positional, sinuso
 
 
 def test_registry_names_match_the_config_choices():
-    assert set(REGISTRY) == {"sinusoidal", "learned", "rope", "alibi", "nope"}
+    assert set(REGISTRY) == {"sinusoidal", "learned", "rope", "alibi", "nope", "t5", "kerple_log",
+                             "kerple_power", "fire", "xpos", "cope"}
 
 
 @pytest.mark.parametrize("pos,i", [(0, 0), (1, 0), (7, 3), (100, 10), (4000, 31), (12345, 1)])
