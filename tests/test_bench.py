@@ -34,6 +34,7 @@ from nanoattn.bench import (
     run_sections,
 )
 from nanoattn.config import ModelConfig, RunConfig
+from nanoattn.positional import REGISTRY
 from nanoattn.train import step
 from nanoattn.validation import from_dict
 
@@ -64,7 +65,8 @@ def write_run(run: Path, rates: list[float]) -> None:
 
 def test_every_section_runs_and_compares_like_with_like(tmp_path):
     write_run(tmp_path / "run", [10.0, 500.0, 300.0, 400.0])
-    rows = run_sections(["train", "mfu", "decode", "eval", "e2e"], tiny_config(run=str(tmp_path / "run")))
+    rows = run_sections(["train", "mfu", "decode", "eval", "e2e", "encodings"],
+                        tiny_config(run=str(tmp_path / "run")))
 
     train = rows["train"]
     assert [(r["impl"], r["dtype"]) for r in train] == [(impl, dtype) for dtype in ("float32", "bfloat16")
@@ -90,6 +92,11 @@ def test_every_section_runs_and_compares_like_with_like(tmp_path):
     assert sorted({r["pos"] for r in evaluation}) == sorted(EVAL_POSITIONS)
     assert [r["multiple"] for r in evaluation if r["pos"] == "learned"] == [1]  # nothing past its table
     assert [r["length"] for r in evaluation if r["pos"] == "rope"] == [64, 256, 1024]  # quick: 1x = 64
+
+    encodings = rows["encodings"]
+    assert [r["pos"] for r in encodings] == [*REGISTRY, "[rope,nope]"]
+    assert next(r["vs_rope"] for r in encodings if r["pos"] == "rope") == 1.0
+    assert all(r["tok_per_s"] > 0 and r["shape"].endswith("T64") for r in encodings)  # quick: T = 64
 
     [e2e] = rows["e2e"]
     assert e2e["shape"].endswith("B4 T16")  # batch_size x grad_accum sequences per optimizer step

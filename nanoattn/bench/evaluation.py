@@ -23,9 +23,10 @@ import torch
 from nanoattn.bench.core import BenchConfig, Row, random_tokens, section
 from nanoattn.eval.length import evaluate_lengths
 from nanoattn.model import GPT
+from nanoattn.positional import REGISTRY
 from nanoattn.runtime import autocast, autocast_dtype
 
-EVAL_POSITIONS = ("sinusoidal", "rope", "alibi", "nope", "learned")
+EVAL_POSITIONS = tuple(REGISTRY)  # every encoding, so each is seen to stay linear in memory
 EVAL_MULTIPLES = (1, 4, 16)
 
 
