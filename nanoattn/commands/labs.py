@@ -17,7 +17,11 @@ Design choices:
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -60,10 +64,18 @@ class LabConfig:
     batch_size: int = LengthEvalConfig.batch_size
     dtype: str = LengthEvalConfig.dtype
     device: str = LengthEvalConfig.device
+    train: bool = False  # first train (or finish) every run the lab evaluates, `workers` at a time
+    workers: int = 2  # trainings at once with train=true; each gets cpu_count // workers threads
+    train_overrides: list[str] = dataclasses.field(default_factory=list)  # e.g. [train.max_steps=500]
 
     def __post_init__(self) -> None:
         own = "extrapolation_lab"
         check_bool(own, "passkey", self.passkey)
+        check_bool(own, "train", self.train)
+        check_positive_int(own, "workers", self.workers)
+        if not isinstance(self.train_overrides, (list, tuple)) or not all(
+                isinstance(o, str) and "=" in o for o in self.train_overrides):
+            fail(own, "train_overrides", self.train_overrides, "must be a list of key=value overrides")
         if self.runs_root is not None and not is_path(self.runs_root):
             fail(own, "runs_root", self.runs_root, "must be a folder or null")
         if not is_path(self.out_dir):
@@ -76,6 +88,41 @@ class LabConfig:
     @property
     def lab(self) -> str:
         return "passkey" if self.passkey else "extrapolation"
+
+
+def train_runs(lab: str, runs_root: Path, names: Sequence[str], workers: int,
+               overrides: Sequence[str]) -> None:
+    """Train ``<runs_root>/<name>`` for each name with ``scripts/train.py experiment=<lab> pos=<name>``,
+    ``workers`` processes at a time, each on cpu_count // workers threads (small models use cores
+    better side by side than one model on all of them). A run already there is resumed, so a
+    finished one ends at once and a killed lab continues. Each run's output goes to
+    ``<runs_root>/<name>.log``; a failed run is named with its log once the others are done.
+    """
+    script = Path(__file__).resolve().parents[2] / "scripts" / "train.py"
+    if not script.is_file():
+        raise ValueError(f"train=true needs the repository's {script} (an editable install of nanoattn)")
+    runs_root.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // workers))}
+    pending, running, failed = list(names), {}, []
+    while pending or running:
+        while pending and len(running) < workers:
+            name = pending.pop(0)
+            resume = ["train.resume=true"] if (runs_root / name / "config.yaml").exists() else []
+            command = [sys.executable, str(script), f"experiment={lab}", f"pos={name}",
+                       f"out_dir={runs_root}", "logger=none", *resume, *overrides]
+            log = (runs_root / f"{name}.log").open("w")
+            running[name] = (subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env),
+                             log, time.perf_counter())
+        time.sleep(1.0)
+        for name, (process, log, began) in list(running.items()):
+            if process.poll() is not None:
+                log.close()
+                del running[name]
+                print(f"{name}: trained in {time.perf_counter() - began:.0f} s (exit {process.returncode})")
+                if process.returncode:
+                    failed.append(name)
+    if failed:
+        raise ValueError(f"training failed for {', '.join(failed)}: see {runs_root}/<name>.log")
 
 
 def training_speed(run: Path) -> float | None:
@@ -113,6 +160,8 @@ def extrapolation_lab(cfg: LabConfig) -> str:
     runs_root = Path(cfg.runs_root or f"runs/{cfg.lab}")
     out_dir = Path(cfg.out_dir)
     common = dict(batch_size=cfg.batch_size, dtype=cfg.dtype, device=cfg.device)
+    if cfg.train:
+        train_runs(cfg.lab, runs_root, LAB_ENCODINGS, cfg.workers, cfg.train_overrides)
     plain: list[Job] = [(pos, pos, None) for pos in LAB_ENCODINGS]
     if cfg.passkey:
         table = run_lab(cfg.lab, runs_root, out_dir, plain,
