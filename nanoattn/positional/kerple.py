@@ -34,6 +34,8 @@ Choices, following the authors' released code (chijames/KERPLE, a GPT-NeoX fork,
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -56,6 +58,8 @@ class KERPLEPositionalEncoding(PositionalEncoding):
     r1_scale: float
     r2_scale: float
     r2_max: float | None = None
+    # The subclass's kernel: (distance [Tq, Tk], r1, r2 [n_head, 1, 1]) -> bias [n_head, Tq, Tk].
+    kernel: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
     def __init__(self, cfg, layers) -> None:
         super().__init__(cfg, layers)
@@ -73,9 +77,6 @@ class KERPLEPositionalEncoding(PositionalEncoding):
         r2 = clamp_straight_through(self.r2[slot].float(), EPS, self.r2_max)
         return r1[:, None, None], r2[:, None, None]
 
-    def kernel(self, distance: torch.Tensor, r1: torch.Tensor, r2: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
-
     def bias(self, q, k, q_positions: torch.Tensor, k_positions: torch.Tensor, layer: int) -> torch.Tensor:
         # Keys after their query are masked by the caller; clamping their distance to 0 keeps the
         # kernel (and its gradient) finite there.
@@ -86,14 +87,16 @@ class KERPLEPositionalEncoding(PositionalEncoding):
 class KERPLELogPositionalEncoding(KERPLEPositionalEncoding):
     r1_scale, r2_scale = 2.0, 1.0
 
-    def kernel(self, distance: torch.Tensor, r1: torch.Tensor, r2: torch.Tensor) -> torch.Tensor:
+    @staticmethod
+    def kernel(distance: torch.Tensor, r1: torch.Tensor, r2: torch.Tensor) -> torch.Tensor:
         return -r1 * torch.log1p(r2 * distance)  # [n_head, Tq, Tk]
 
 
 class KERPLEPowerPositionalEncoding(KERPLEPositionalEncoding):
     r1_scale, r2_scale, r2_max = 1.0, 2.0, MAX_POWER
 
-    def kernel(self, distance: torch.Tensor, r1: torch.Tensor, r2: torch.Tensor) -> torch.Tensor:
+    @staticmethod
+    def kernel(distance: torch.Tensor, r1: torch.Tensor, r2: torch.Tensor) -> torch.Tensor:
         # d ** r2 as exp(r2 log d) with log d computed once for all heads: half the time of
         # distance.pow(r2) forward and backward. d = 0 (log d = -inf) would give a nan gradient in
         # r2 (0 * -inf), so log d is taken at max(d, 1) and d = 0 gets its value 0 by the where.
