@@ -1,12 +1,13 @@
-"""The extrapolation lab: evaluate the lab's runs and write docs/extrapolation.{png,md}.
+"""The extrapolation lab: train the lab's runs, evaluate them, write docs/extrapolation.{png,md}.
 
-    python scripts/train.py -m experiment=extrapolation pos=sinusoidal,learned,rope,alibi,nope
-    python scripts/extrapolation_lab.py               # perplexity at 1-16x, plus RoPE zero-shot scalings
-    python scripts/train.py -m experiment=passkey pos=sinusoidal,learned,rope,alibi,nope
-    python scripts/extrapolation_lab.py passkey=true  # passkey retrieval -> docs/passkey.png
+    python scripts/extrapolation_lab.py train=true    # trains every encoding (2 at a time), then
+                                                      # perplexity at 1-16x, plus RoPE zero-shot scalings
+    python scripts/extrapolation_lab.py               # evaluate runs already in runs/extrapolation
+    python scripts/extrapolation_lab.py passkey=true train=true  # passkey fine-tunes -> docs/passkey.png
 
-Every key: ``nanoattn.commands.labs.LabConfig`` (``runs_root``, ``out_dir``, ``max_tokens``,
-``samples``, ``batch_size``, ``dtype``, ``device``); mistakes end in one ``error:`` line.
+Every key: ``nanoattn.commands.labs.LabConfig`` (``train``, ``workers``, ``train_overrides``,
+``runs_root``, ``out_dir``, ``max_tokens``, ``samples``, ``batch_size``, ``dtype``, ``device``);
+mistakes end in one ``error:`` line.
 """
 
 from _hydra_cli import command
