@@ -140,7 +140,9 @@ def test_cfg_job_and_help_work(monkeypatch, capsys):
     assert code in (0, None) and cfg["model"]["pos"] == "alibi" and cfg["model"]["n_kv_head"] == 2
     assert "batch_size" in cfg["train"] and "grad_accum" in cfg["train"]
     code, out, _ = _main(monkeypatch, capsys, "--help")
-    assert code in (0, None) and "pos: alibi, learned, nope, rope, sinusoidal" in out
+    options = ("alibi, cope, fire, irope, kerple_log, kerple_power, learned, nope, p_rope, rope, "
+               "rope_partial, sinusoidal, t5, xpos")
+    assert code in (0, None) and f"pos: {options}" in out
 
 
 def test_a_multirun_sweep_lands_in_separate_run_directories(tmp_path, tiny_config, as_overrides,
