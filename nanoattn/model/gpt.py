@@ -54,6 +54,7 @@ class GPT(nn.Module):
         if cfg.tie_embeddings:
             self.lm_head.weight = self.tok_emb.weight
         self.apply(self._init_weights)
+        self.pos.reset_parameters()  # an encoding's own rule for its parameters, if it has one
         residual_std = cfg.init_std / math.sqrt(2 * cfg.n_layer)
         for block in self.blocks:
             nn.init.normal_(block.attn.proj.weight, std=residual_std)

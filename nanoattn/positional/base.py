@@ -45,6 +45,9 @@ class PositionalEncoding(nn.Module):
     def check_config(cls, cfg) -> None:
         """Raise a one-line ValueError when ``cfg`` (a ModelConfig using this encoding) is invalid for it."""
 
+    def reset_parameters(self) -> None:
+        """Initialise the encoding's own parameters; the model calls it after its generic init."""
+
     def for_layer(self, layer: int) -> PositionalEncoding:
         """The encoding acting in ``layer``: itself, unless this is a per-layer layout."""
         return self

@@ -30,6 +30,10 @@ class LayerLayout(PositionalEncoding):
             for name in dict.fromkeys(self.names)})
         self.length_dependent_rotation = any(e.length_dependent_rotation for e in self.encodings.values())
 
+    def reset_parameters(self) -> None:
+        for encoding in self.encodings.values():
+            encoding.reset_parameters()
+
     def for_layer(self, layer: int) -> PositionalEncoding:
         return self.encodings[self.names[layer]]
 

@@ -2,7 +2,12 @@
 
 PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d)), defined at any
 position. GPT-style embeddings start with std 0.02, so a unit-amplitude signal would drown
-them; as in the original Transformer, token embeddings are multiplied by sqrt(d_model).
+them. The original Transformer multiplies the embeddings by sqrt(d_model); here the table gets a
+learned per-dimension amplitude instead (x-transformers learns one scalar, initialised to
+d_model ** -0.5), started at the embeddings' scale. Measured in the extrapolation lab's recipe at
+200 steps (docs/fair_baselines.md, val loss against RoPE's 4.810): sqrt(d_model)-scaled
+embeddings 5.282 (perplexity 1.60x RoPE's), one learned scalar 5.364, the per-dimension
+amplitude 4.946 (1.15x); at 1,000 steps the amplitude gives 4.218 against RoPE's 3.978 (1.27x).
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from __future__ import annotations
 import math
 
 import torch
+from torch import nn
 
 from nanoattn.positional.base import PositionalEncoding
 
@@ -35,8 +41,10 @@ class SinusoidalPositionalEncoding(PositionalEncoding):
     def __init__(self, cfg, layers) -> None:
         super().__init__(cfg, layers)
         self.d_model = cfg.d_model
-        self.embed_scale = math.sqrt(cfg.d_model)
+        # A learned per-dimension amplitude of the fixed table, started where the sinusoid's rms
+        # (1/sqrt(2) per dimension) matches the token embeddings' std (init_std).
+        self.scale = nn.Parameter(torch.full((cfg.d_model,), math.sqrt(2) * cfg.init_std))
 
     def embed(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         pe = sinusoidal_table(positions, self.d_model).to(x.dtype)  # [T, d_model]
-        return x * self.embed_scale + pe
+        return x + self.scale.to(x.dtype) * pe  # [B, T, d] + [d] * [T, d]

@@ -91,3 +91,21 @@ def test_alibi_bias_is_minus_slope_times_distance_not_scaled():
     assert bias.shape == (4, 5, 5)
     assert bias[1, 4, 0].item() == pytest.approx(-slopes[1] * 4)
     assert bias[3, 2, 2].item() == 0.0
+
+
+def test_sinusoidal_adds_the_table_times_a_learned_amplitude_at_the_embeddings_scale():
+    model = GPT(ModelConfig(vocab_size=50, d_model=16, n_head=2, n_layer=1, pos="sinusoidal"))
+    scale = model.pos.scale
+    assert scale.requires_grad and torch.allclose(scale, torch.full((16,), math.sqrt(2) * 0.02))
+    x, positions = torch.randn(2, 5, 16), torch.arange(3, 8)
+    torch.testing.assert_close(model.pos.embed(x, positions), x + scale * sinusoidal_table(positions, 16))
+    model.loss(torch.randint(0, 50, (2, 6)), torch.randint(0, 50, (2, 6))).backward()
+    assert scale.grad is not None and scale.grad.abs().sum() > 0
+
+
+def test_the_learned_table_starts_at_zero_and_learns_per_position():
+    model = GPT(ModelConfig(vocab_size=50, d_model=16, n_head=2, n_layer=1, pos="learned", max_seq_len=8))
+    assert torch.equal(model.pos.table.weight, torch.zeros(8, 16))
+    model.loss(torch.randint(0, 50, (2, 6)), torch.randint(0, 50, (2, 6))).backward()
+    grad = model.pos.table.weight.grad
+    assert (grad[:6].abs().sum(-1) > 0).all() and (grad[6:] == 0).all()  # positions 0..5 were used
