@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from hf_support import model, perturb_
 from safetensors.torch import load_file, save_file
 from transformers import (
     AutoModelForCausalLM,
@@ -54,20 +55,6 @@ SCALINGS = {
     "yarn-mscale": ({"type": "yarn", "factor": 8.0, "mscale": 1.0, "mscale_all_dim": 0.5}, "yarn"),
     "llama3": ({"type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}, "llama3"),
 }
-
-
-def perturb_(module: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
-    """Add N(0, 0.1) to every parameter: norm weights become 1 +- 0.1, biases +- 0.1."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in module.parameters():
-            p.add_(torch.randn(p.shape, generator=gen) * 0.1)
-    return module.eval()
-
-
-def model(**fields) -> GPT:
-    torch.manual_seed(0)
-    return perturb_(GPT(ModelConfig(**fields)))
 
 
 def tokens(length: int = LONG, batch: int = 2) -> torch.Tensor:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from hf_support import model, perturb_
 from transformers import (
     AutoModelForCausalLM,
     Llama4ForCausalLM,
@@ -45,20 +46,6 @@ def longrope(fraction: float = 1.0, **extra) -> dict:
     pairs = PAIRS[fraction]
     return {"type": "longrope", "factor": 4.0, "short_factor": [1.0 + 0.1 * i for i in range(pairs)],
             "long_factor": [1.0 + 3.0 * i / (pairs - 1) for i in range(pairs)], **extra}
-
-
-def perturb_(module: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
-    """Add N(0, 0.1) to every parameter: norm weights become 1 +- 0.1."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in module.parameters():
-            p.add_(torch.randn(p.shape, generator=gen) * 0.1)
-    return module.eval()
-
-
-def model(**fields) -> GPT:
-    torch.manual_seed(0)
-    return perturb_(GPT(ModelConfig(**fields)))
 
 
 def tokens(length: int = LONG, batch: int = 2) -> torch.Tensor:
