@@ -20,9 +20,11 @@ class LearnedPositionalEncoding(PositionalEncoding):
         self.table = nn.Embedding(cfg.max_seq_len, cfg.d_model)
 
     def reset_parameters(self) -> None:
-        # Zeros, not GPT-2's N(0, 0.02): the table then starts as NoPE and adds only what training
-        # puts there; measured in the lab's recipe (docs/fair_baselines.md) val loss 4.932 vs 4.996
-        # at 200 steps (RoPE 4.810).
+        # Zeros, not GPT-2's N(0, 0.02): the table starts as NoPE and holds only what training writes
+        # (the model's own init would draw it N(0, init_std) otherwise). docs/fair_baselines.md:
+        # perplexity at 128 tokens 1.13x RoPE's at 200 steps against 1.20x from N(0, 0.02), 1.24x in
+        # the lab's 250-step recipe, 1.27x at 1,000 steps. 10x the learning rate on an N(0, 0.02)
+        # table: 1.45x at 200 steps.
         nn.init.zeros_(self.table.weight)
 
     @property

@@ -1,23 +1,33 @@
 """Fixed sinusoidal positions (Vaswani et al. 2017, arXiv:1706.03762), added to embeddings.
 
 PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d)), defined at any
-position. GPT-style embeddings start with std 0.02, so a unit-amplitude signal would drown
-them. The original Transformer multiplies the embeddings by sqrt(d_model); here the table gets a
-learned per-dimension amplitude instead (x-transformers learns one scalar, initialised to
-d_model ** -0.5), started at the embeddings' scale. Measured in the extrapolation lab's recipe at
-200 steps (docs/fair_baselines.md, val loss against RoPE's 4.810): sqrt(d_model)-scaled
-embeddings 5.282 (perplexity 1.60x RoPE's), one learned scalar 5.364, the per-dimension
-amplitude 4.946 (1.15x); at 1,000 steps the amplitude gives 4.218 against RoPE's 3.978 (1.27x).
+position. The table is added to the token embeddings times one learned amplitude ``scale``
+(as x-transformers' ScaledSinusoidalEmbedding), started at AMPLITUDE_INIT = 0: the model starts
+as NoPE and raises the amplitude as far as training finds the sinusoid useful. The embeddings are
+not multiplied by sqrt(d_model) (the original Transformer's rule).
+
+Why (docs/fair_baselines.md: the extrapolation lab's model, one run per variant, perplexity at
+128 tokens as a multiple of RoPE's in the same recipe). Embeddings start at std 0.02, so
+sqrt(d_model)-scaled embeddings plus the unit table start with the position signal at 3x the
+tokens' rms: 2.05x RoPE in the lab's recipe (250 steps, warmup 25), 1.60x at 200 steps (warmup
+50). A learned amplitude helps only when it starts small: one amplitude started at
+d_model ** -0.5 (x-transformers' value) 1.74x, at 0.028 1.32x, at 0 1.15x (200 steps). A
+per-dimension amplitude started at 0.028 matched it at 200 steps (1.14x) but not under the lab's
+shorter warmup (1.70x: a few high-frequency amplitudes grew early and the run never recovered);
+in the lab's recipe, per dimension from 0 gave 1.17x and one amplitude from 0 1.14x (NoPE 1.18x).
+Caveat: after those 250 steps the amplitude is 0.0009 (the position signal ~1% of the tokens'
+rms), and the model extrapolates like NoPE.
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 from torch import nn
 
 from nanoattn.positional.base import PositionalEncoding
+
+# The amplitude's start (measured against 0.028 and d_model ** -0.5 above); a ModelConfig field to be.
+AMPLITUDE_INIT = 0.0
 
 
 def sinusoidal_table(positions: torch.Tensor, d_model: int) -> torch.Tensor:
@@ -41,10 +51,12 @@ class SinusoidalPositionalEncoding(PositionalEncoding):
     def __init__(self, cfg, layers) -> None:
         super().__init__(cfg, layers)
         self.d_model = cfg.d_model
-        # A learned per-dimension amplitude of the fixed table, started where the sinusoid's rms
-        # (1/sqrt(2) per dimension) matches the token embeddings' std (init_std).
-        self.scale = nn.Parameter(torch.full((cfg.d_model,), math.sqrt(2) * cfg.init_std))
+        self.scale = nn.Parameter(torch.full((1,), AMPLITUDE_INIT))  # the table's learned amplitude
+        # (shape [1], as x-transformers', so checkpoints and optimizer groups see an ordinary 1-D gain)
+
+    def reset_parameters(self) -> None:
+        nn.init.constant_(self.scale, AMPLITUDE_INIT)
 
     def embed(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         pe = sinusoidal_table(positions, self.d_model).to(x.dtype)  # [T, d_model]
-        return x + self.scale.to(x.dtype) * pe  # [B, T, d] + [d] * [T, d]
+        return x + self.scale.to(x.dtype) * pe  # [B, T, d] + [1] * [T, d]

@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from nanoattn import GPT, ModelConfig
+from nanoattn import GPT, ModelConfig, load_checkpoint
+from nanoattn.checkpoint import save_checkpoint
 from nanoattn.positional import REGISTRY, alibi_slopes, build_positional, sinusoidal_table
 
 
@@ -93,14 +94,34 @@ def test_alibi_bias_is_minus_slope_times_distance_not_scaled():
     assert bias[3, 2, 2].item() == 0.0
 
 
-def test_sinusoidal_adds_the_table_times_a_learned_amplitude_at_the_embeddings_scale():
+def test_sinusoidal_adds_the_table_times_one_learned_amplitude():
     model = GPT(ModelConfig(vocab_size=50, d_model=16, n_head=2, n_layer=1, pos="sinusoidal"))
     scale = model.pos.scale
-    assert scale.requires_grad and torch.allclose(scale, torch.full((16,), math.sqrt(2) * 0.02))
+    assert scale.requires_grad and scale.shape == (1,)
+    with torch.no_grad():
+        scale.fill_(0.3)
     x, positions = torch.randn(2, 5, 16), torch.arange(3, 8)
-    torch.testing.assert_close(model.pos.embed(x, positions), x + scale * sinusoidal_table(positions, 16))
+    torch.testing.assert_close(model.pos.embed(x, positions), x + 0.3 * sinusoidal_table(positions, 16))
+
+
+def test_sinusoidal_starts_as_nope_and_its_amplitude_learns_from_zero():
+    model = GPT(ModelConfig(vocab_size=50, d_model=16, n_head=2, n_layer=1, pos="sinusoidal"))
+    assert torch.equal(model.pos.scale, torch.zeros(1))  # AMPLITUDE_INIT, after the model's own init
+    x = torch.randn(2, 5, 16)
+    assert torch.equal(model.pos.embed(x, torch.arange(5)), x)  # no position signal yet
     model.loss(torch.randint(0, 50, (2, 6)), torch.randint(0, 50, (2, 6))).backward()
-    assert scale.grad is not None and scale.grad.abs().sum() > 0
+    assert model.pos.scale.grad.abs().item() > 0  # so the first update moves it off zero
+
+
+def test_a_trained_sinusoidal_amplitude_survives_a_checkpoint(tmp_path):
+    model = GPT(ModelConfig(vocab_size=50, d_model=16, n_head=2, n_layer=1, pos="sinusoidal")).eval()
+    with torch.no_grad():
+        model.pos.scale.fill_(0.25)  # the loaded model starts at 0: the file must win
+    save_checkpoint(tmp_path, "000001", model, train_seq_len=8, step=1)
+    loaded = load_checkpoint(tmp_path).model
+    assert loaded.pos.scale.item() == 0.25
+    idx = torch.randint(0, 50, (1, 12))
+    torch.testing.assert_close(loaded(idx), model(idx))
 
 
 def test_the_learned_table_starts_at_zero_and_learns_per_position():
