@@ -244,7 +244,7 @@ class Decoding:
 
     def _last_logits(self, idx: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
         hidden, _ = self.model.hidden_states(idx, cache=cache)  # [B, T, d_model]
-        return self.model.lm_head(hidden[:, -1]).float()  # [B, V]: only the last position is needed
+        return self.model.logits(hidden[:, -1]).float()  # [B, V]: only the last position is needed
 
     def _pick(self, logits: torch.Tensor) -> torch.Tensor:
         if self.vocab_limit < logits.shape[-1]:

@@ -33,6 +33,7 @@ from nanoattn.bench import (
     run_bench,
     run_sections,
 )
+from nanoattn.bench.variants import BENCH_ATTENTION
 from nanoattn.config import ModelConfig, RunConfig
 from nanoattn.positional import REGISTRY
 from nanoattn.train import step
@@ -65,7 +66,7 @@ def write_run(run: Path, rates: list[float]) -> None:
 
 def test_every_section_runs_and_compares_like_with_like(tmp_path):
     write_run(tmp_path / "run", [10.0, 500.0, 300.0, 400.0])
-    rows = run_sections(["train", "mfu", "decode", "eval", "e2e", "encodings"],
+    rows = run_sections(["train", "mfu", "decode", "eval", "e2e", "encodings", "attention"],
                         tiny_config(run=str(tmp_path / "run")))
 
     train = rows["train"]
@@ -97,6 +98,11 @@ def test_every_section_runs_and_compares_like_with_like(tmp_path):
     assert [r["pos"] for r in encodings] == [*REGISTRY, "[rope,nope]"]
     assert next(r["vs_rope"] for r in encodings if r["pos"] == "rope") == 1.0
     assert all(r["tok_per_s"] > 0 and r["shape"].endswith("T64") for r in encodings)  # quick: T = 64
+
+    attention = rows["attention"]
+    assert [r["variant"] for r in attention] == list(BENCH_ATTENTION)
+    assert next(r["vs_plain"] for r in attention if r["variant"] == "plain") == 1.0
+    assert all(r["tok_per_s"] > 0 for r in attention)
 
     [e2e] = rows["e2e"]
     assert e2e["shape"].endswith("B4 T16")  # batch_size x grad_accum sequences per optimizer step

@@ -15,6 +15,7 @@ from transformers.generation.logits_process import (
     TopKLogitsWarper,
     TopPLogitsWarper,
 )
+from variants import VARIANTS
 
 from nanoattn import GPT, KVCache, ModelConfig, generate
 from nanoattn.generate import (
@@ -39,15 +40,17 @@ PROMPT = 5
 PENALTY = 3.0  # enough that greedy decoding of a random model does not repeat one token
 
 
-def tiny(pos: str = "rope", n_kv_head: int = 2, rope_scaling=None, vocab_size: int = 64) -> GPT:
-    """A 2-layer model; pos "a,b" is the per-layer layout [a, b] (temperature from position 7 on)."""
+def tiny(pos: str = "rope", n_kv_head: int = 2, rope_scaling=None, vocab_size: int = 64,
+         **variant) -> GPT:
+    """A 2-layer model; pos "a,b" is the per-layer layout [a, b] (temperature from position 7 on);
+    ``variant``: further ModelConfig fields (attention variants)."""
     torch.manual_seed(0)
     layout = dict(pos=pos.split(","), temperature_floor_scale=8) if "," in pos else dict(pos=pos)
     cfg = ModelConfig(vocab_size=vocab_size, d_model=32, n_layer=2, n_head=4, n_kv_head=n_kv_head, d_ff=64,
-                      max_seq_len=MAX_SEQ_LEN, rope_scaling=rope_scaling, init_std=0.1, **layout)
+                      max_seq_len=MAX_SEQ_LEN, rope_scaling=rope_scaling, init_std=0.1, **layout, **variant)
     model = GPT(cfg).eval()
-    with torch.no_grad():  # encodings that start as NoPE (learned table, sinusoid amplitude) must act here
-        for p in model.pos.parameters():
+    with torch.no_grad():  # what starts neutral (learned table, sinusoid amplitude, norm gains) must act
+        for p in [*model.pos.parameters(), *(p for name, p in model.named_parameters() if "qk_norm" in name)]:
             p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(2)) * 0.1)
     return model
 
@@ -95,6 +98,12 @@ def test_cached_decoding_equals_recomputation(pos, layout):
         full = model(decoding.idx)  # [B, T, V]
     for step, logits in enumerate(steps):
         torch.testing.assert_close(logits, full[:, PROMPT + step - 1], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("pos", ["rope", "alibi", "xpos", "rope,nope"])
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_cached_decoding_with_attention_variants(variant, pos):
+    check_cached_decoding(tiny(pos, **VARIANTS[variant]))
 
 
 @pytest.mark.parametrize("kind", SCALINGS)

@@ -1,4 +1,5 @@
-"""Export to / import from transformers' Llama 4 (RoPE/NoPE layouts) and Phi-3 (partial RoPE, LongRoPE).
+"""Export to / import from transformers' Llama 4 (RoPE/NoPE layouts), Phi-3 (partial RoPE, LongRoPE)
+and Qwen 3 (QK-norm before RoPE).
 
 References, as in test_hf.py: transformers' own models loaded from the exported folder (logits
 past the original context, eager attention, greedy ``generate``), models that transformers
@@ -23,6 +24,8 @@ from transformers import (
     Llama4TextConfig,
     Phi3Config,
     Phi3ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
 )
 
 from nanoattn import GPT, ModelConfig, generate
@@ -246,6 +249,51 @@ def test_import_phi3_created_by_transformers(tmp_path):
         assert logits_diff(ours, theirs, length) < ATOL
 
 
+# ----------------------------------------------------------------------------- Qwen 3
+
+QWEN3 = dict(BASE, qk_norm="before_rope")
+
+
+@pytest.mark.parametrize("n_kv_head", [4, 2, 1], ids=["mha", "gqa", "mqa"])
+def test_qwen3_export_of_qk_norm_logits_equal_transformers(tmp_path, n_kv_head):
+    ours = model(**{**QWEN3, "n_kv_head": n_kv_head, "tie_embeddings": n_kv_head != 2})
+    path = export_hf(ours, tmp_path / "hf")
+    theirs = load_transformers(path)
+    assert isinstance(theirs, Qwen3ForCausalLM) and theirs.config.layer_types == ["full_attention"] * 4
+    assert logits_diff(ours, theirs) < ATOL
+    # The norms' gains were perturbed and travel: with unit gains transformers computes something else.
+    unit = load_transformers(path)
+    for layer in unit.model.layers:
+        torch.nn.init.ones_(layer.self_attn.q_norm.weight)
+    assert logits_diff(ours, unit) > 1e-3
+
+
+def test_qwen3_with_yarn_and_greedy_generation_equal_transformers(tmp_path):
+    ours = model(**QWEN3, rope_scaling={"type": "yarn", "factor": 4.0})
+    path = export_hf(ours, tmp_path / "hf")
+    assert logits_diff(ours, load_transformers(path)) < ATOL
+    theirs = load_transformers(path, attn_implementation="sdpa")
+    idx, n = tokens(16), LONG - 16
+    expected = theirs.generate(idx, attention_mask=torch.ones_like(idx), max_new_tokens=n, min_new_tokens=n,
+                               do_sample=False)
+    assert torch.equal(generate(ours, idx, n, temperature=0), expected)
+
+
+def test_qwen3_round_trip_and_a_model_transformers_created(tmp_path):
+    ours = model(**QWEN3, tie_embeddings=False, norm_eps=1e-6)
+    back = import_hf(export_hf(ours, tmp_path / "ours"))
+    assert back.cfg == ours.cfg
+    assert_same_weights(back, ours)
+    config = Qwen3Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                         max_position_embeddings=ORIGINAL, bos_token_id=0, eos_token_id=0)
+    torch.manual_seed(0)
+    perturb_(Qwen3ForCausalLM(config)).save_pretrained(tmp_path / "theirs")
+    imported = import_hf(tmp_path / "theirs")
+    assert imported.cfg.qk_norm == "before_rope" and imported.cfg.n_kv_head == 2
+    assert logits_diff(imported, load_transformers(tmp_path / "theirs")) < ATOL
+
+
 # ----------------------------------------------------------------------------- p-RoPE
 
 
@@ -316,6 +364,18 @@ def test_export_refuses_layouts_that_are_not_rope_and_nope(tmp_path, name):
     (dict(BASE, rope_fraction=0.5, rope_scaling={"type": "yarn", "factor": 4.0}),
      "model.rope_scaling.type='yarn' has no counterpart in transformers' Phi-3 format .*only scalings are "
      "longrope and ntk"),
+    (dict(BASE, qk_norm="after_rope"),
+     "model.qk_norm='after_rope' has no counterpart in transformers' Qwen 3 format .*which needs "
+     "qk_norm='before_rope'"),
+    (dict(QWEN3, bias=True), "model.bias=True has no counterpart in transformers' Qwen 3 format"),
+    (dict(BASE, attn_softcap=50.0), "model.attn_softcap=50.0 has no counterpart in transformers' Llama "),
+    (dict(QWEN3, logit_softcap=30.0), "model.logit_softcap=30.0 has no counterpart in transformers' Qwen 3"),
+    (dict(IROPE, qk_norm="before_rope"),
+     "model.qk_norm='before_rope' has no counterpart in transformers' Llama 4"),
+    (dict(BASE, rope_fraction=0.5, attn_softcap=50.0), "model.attn_softcap=50.0 has no counterpart in "
+     "transformers' Phi-3"),
+    (dict(BASE, pos="learned", norm="layernorm", mlp="gelu", bias=True, logit_softcap=30.0),
+     "model.logit_softcap=30.0 has no counterpart in transformers' GPT-2"),
 ])
 def test_export_refuses_fields_without_a_counterpart(tmp_path, fields, message):
     assert re.match(message, refused(tmp_path, fields))
@@ -325,7 +385,8 @@ def test_export_refuses_fields_without_a_counterpart(tmp_path, fields, message):
 def exported(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("exported")
     return {name: export_hf(model(**fields), root / name) for name, fields in
-            [("llama4", IROPE), ("phi3", dict(BASE, rope_fraction=0.5, rope_scaling=longrope(0.5)))]}
+            [("llama4", IROPE), ("phi3", dict(BASE, rope_fraction=0.5, rope_scaling=longrope(0.5))),
+             ("qwen3", QWEN3)]}
 
 
 def edited(exported: dict[str, Path], name: str, tmp_path: Path, drop: tuple[str, ...] = (),
@@ -350,6 +411,8 @@ def edited(exported: dict[str, Path], name: str, tmp_path: Path, drop: tuple[str
     ("phi3", (), dict(sliding_window=2047), "sliding_window=2047 is not supported"),
     ("phi3", (), dict(rope_parameters={"rope_type": "linear", "factor": 2.0}), "rope_type='linear' has no"),
     ("phi3", (), dict(resid_pdrop=0.1), "differ: nanoattn has one dropout rate"),
+    ("qwen3", (), dict(use_sliding_window=True), "use_sliding_window=True is not supported"),
+    ("qwen3", (), dict(attention_bias=True), "attention_bias=True is not supported: Qwen 3's MLP"),
 ])
 def test_import_refuses_what_nanoattn_cannot_represent(exported, tmp_path, name, drop, changes, message):
     with pytest.raises(ValueError, match=message) as error:

@@ -10,8 +10,9 @@
   with a token-identity check (``decode.py``).
 - ``eval``: tokens/s and peak memory at 1x, 4x and 16x the training length (``evaluation.py``).
 - ``e2e``: a finished run's tokens/s vs its bare training step (``e2e.py``).
-- ``encodings``: the training tokens/s of every positional encoding side by side, as a ratio to
-  RoPE's: each encoding's price (``encodings.py``).
+- ``encodings`` and ``attention``: the training tokens/s of every positional encoding and every
+  attention variant side by side, as a ratio to RoPE's and to the plain block's: each one's
+  price (``variants.py``).
 
 Design choices shared by all (``core.py``): implementations compared with each other run in one
 process, one repetition of each in turn, each reporting the median of its repetitions after
@@ -21,7 +22,7 @@ do not. Tokens per second is wall time. The transformers side is nanoattn's own 
 exported and loaded back (``twin.py``), so both compute the same function.
 """
 
-from nanoattn.bench import decode, e2e, encodings, evaluation, train  # noqa: F401  (registers the sections)
+from nanoattn.bench import decode, e2e, evaluation, train, variants  # noqa: F401  (registers the sections)
 from nanoattn.bench.core import SECTIONS, BenchConfig, run_sections
 from nanoattn.bench.e2e import read_run_rate
 from nanoattn.bench.evaluation import EVAL_POSITIONS

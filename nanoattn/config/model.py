@@ -20,6 +20,7 @@ from nanoattn.validation import as_float, check_choice, check_positive_int, fail
 
 NORMS = ("layernorm", "rmsnorm")
 MLPS = ("gelu", "swiglu")
+QK_NORMS = ("none", "before_rope", "after_rope")
 
 
 @dataclass
@@ -49,6 +50,10 @@ class ModelConfig:
     # Llama 4's query temperature on NoPE layers: None = off; else floor_scale (Llama 4: 8192).
     temperature_floor_scale: int | None = None
     temperature_attn_scale: float = 0.1  # Llama 4's attn_scale
+    # RMSNorm of each query and key head: before the rotation (OLMo 2, Qwen 3) or after it (nanochat).
+    qk_norm: str = "none"  # none | before_rope | after_rope
+    attn_softcap: float | None = None  # Gemma 2: scores q.k/sqrt(d) -> cap * tanh(scores / cap) (50.0)
+    logit_softcap: float | None = None  # Gemma 2: output logits -> cap * tanh(logits / cap) (30.0)
     norm: str = "rmsnorm"  # layernorm | rmsnorm
     norm_eps: float = 1e-5
     mlp: str = "swiglu"  # gelu | swiglu
@@ -71,6 +76,14 @@ class ModelConfig:
             fail(own, "d_model", self.d_model, f"must be divisible by n_head={self.n_head}")
         self._check_pos()
         check_choice(own, "norm", self.norm, NORMS)
+        check_choice(own, "qk_norm", self.qk_norm, QK_NORMS)
+        for name in ("attn_softcap", "logit_softcap"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if not (math.isfinite(as_float(value)) and as_float(value) > 0):
+                fail(own, name, value, "must be a positive finite number or null (no capping)")
+            setattr(self, name, float(value))
         check_choice(own, "mlp", self.mlp, MLPS)
         if self.d_ff is not None:
             check_positive_int(own, "d_ff", self.d_ff)

@@ -65,6 +65,10 @@ def required(hf: Mapping[str, Any], key: str, where: str) -> int:
     return hf[key]
 
 
+# The attention variants no format but Qwen 3 (QK-norm before RoPE) computes: every family's ``needs``.
+PLAIN_ATTENTION = {"qk_norm": "none", "attn_softcap": None, "logit_softcap": None}
+
+
 def only_rope(cfg: ModelConfig) -> bool:
     """Every layer rotates with plain RoPE (``pos='rope'``, or a list of 'rope' only)."""
     return set(cfg.layer_pos) == {"rope"}

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from nanoattn.config import ModelConfig
-from nanoattn.hf.family import Family, Rule, linear_rules, required
+from nanoattn.hf.family import PLAIN_ATTENTION, Family, Rule, linear_rules, required
 
 _DROPOUTS = ("resid_pdrop", "embd_pdrop", "attn_pdrop")
 # GPT-2's "gelu_new" writes out the tanh approximation; "gelu_pytorch_tanh" is torch's kernel of it.
@@ -70,5 +70,5 @@ def _from_config(hf: Mapping[str, Any], where: str) -> dict[str, Any]:
 
 
 GPT2 = Family("GPT-2", "gpt2", "GPT2LMHeadModel", "pos='learned'", lambda cfg: cfg.pos == "learned",
-              {"norm": "layernorm", "mlp": "gelu", "bias": True}, "transformer.",
+              {**PLAIN_ATTENTION, "norm": "layernorm", "mlp": "gelu", "bias": True}, "transformer.",
               _to_config, _from_config, _rules)

@@ -12,11 +12,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from nanoattn.config import ModelConfig
-from nanoattn.hf.family import Family, Rule, linear_rules, only_rope, required
+from nanoattn.hf.family import PLAIN_ATTENTION, Family, Rule, linear_rules, only_rope, required
 from nanoattn.hf.rope_params import rope_from_hf, rope_to_hf
 
 
-def _rules(cfg: ModelConfig) -> list[Rule]:
+def llama_rules(cfg: ModelConfig, *, mlp: str = "mlp", order: tuple[int, ...] | None = None) -> list[Rule]:
+    """The Llama-shaped body that Llama, Llama 4 and Qwen 3 share: ``mlp`` is the MLP's key
+    (Llama 4: ``feed_forward``), ``order`` a permutation of the fused QKV rows (interleaved_order)."""
     H, Hkv, D, F = cfg.n_head, cfg.n_kv_head, cfg.head_dim, cfg.ffn_dim
     rules = [Rule("tok_emb.weight", ("model.embed_tokens.weight",)),
              Rule("norm.weight", ("model.norm.weight",))]
@@ -24,16 +26,16 @@ def _rules(cfg: ModelConfig) -> list[Rule]:
         ours, theirs = f"blocks.{i}", f"model.layers.{i}"
         rules += linear_rules(f"{ours}.attn_norm", (f"{theirs}.input_layernorm",), False)
         rules += linear_rules(f"{ours}.attn.qkv", tuple(f"{theirs}.self_attn.{n}_proj" for n in "qkv"),
-                              cfg.bias, split=(H * D, Hkv * D, Hkv * D))
+                              cfg.bias, split=(H * D, Hkv * D, Hkv * D), order=order)
         rules += linear_rules(f"{ours}.attn.proj", (f"{theirs}.self_attn.o_proj",), cfg.bias)
         rules += linear_rules(f"{ours}.mlp_norm", (f"{theirs}.post_attention_layernorm",), False)
-        rules += linear_rules(f"{ours}.mlp.gate_up", (f"{theirs}.mlp.gate_proj", f"{theirs}.mlp.up_proj"),
+        rules += linear_rules(f"{ours}.mlp.gate_up", (f"{theirs}.{mlp}.gate_proj", f"{theirs}.{mlp}.up_proj"),
                               cfg.bias, split=(F, F))
-        rules += linear_rules(f"{ours}.mlp.down", (f"{theirs}.mlp.down_proj",), cfg.bias)
+        rules += linear_rules(f"{ours}.mlp.down", (f"{theirs}.{mlp}.down_proj",), cfg.bias)
     return rules
 
 
-def _to_config(cfg: ModelConfig) -> dict[str, Any]:
+def llama_config(cfg: ModelConfig) -> dict[str, Any]:
     max_len, rope = rope_to_hf(cfg)
     return {
         "vocab_size": cfg.vocab_size, "hidden_size": cfg.d_model, "intermediate_size": cfg.ffn_dim,
@@ -64,7 +66,7 @@ def head_sizes(hf: Mapping[str, Any], where: str) -> tuple[int, int]:
     return d_model, n_head
 
 
-def _from_config(hf: Mapping[str, Any], where: str) -> dict[str, Any]:
+def llama_fields(hf: Mapping[str, Any], where: str) -> dict[str, Any]:
     check_silu(hf, where)
     attention_bias, mlp_bias = hf.get("attention_bias", False), hf.get("mlp_bias", False)
     if attention_bias != mlp_bias:
@@ -82,12 +84,17 @@ def _from_config(hf: Mapping[str, Any], where: str) -> dict[str, Any]:
                 init_std=hf.get("initializer_range", 0.02))
 
 
-def _selects(cfg: ModelConfig) -> bool:
-    # Partial RoPE and LongRoPE go to Phi-3 (phi3.py); every other RoPE-only model comes here.
+def whole_head_rope(cfg: ModelConfig) -> bool:
+    """RoPE-only over whole heads without LongRoPE: Llama's and Qwen 3's positions (partial RoPE and
+    LongRoPE go to Phi-3, phi3.py)."""
     scaling = cfg.rope_scaling or {}
     return only_rope(cfg) and cfg.rope_fraction == 1 and scaling.get("type") != "longrope"
 
 
+def _selects(cfg: ModelConfig) -> bool:
+    return whole_head_rope(cfg) and cfg.qk_norm == "none"  # with QK-norm: Qwen 3 (qwen3.py)
+
+
 LLAMA = Family("Llama", "llama", "LlamaForCausalLM", "pos='rope'", _selects,
-               {"norm": "rmsnorm", "mlp": "swiglu"}, "model.",
-               _to_config, _from_config, _rules)
+               {**PLAIN_ATTENTION, "norm": "rmsnorm", "mlp": "swiglu"}, "model.",
+               llama_config, llama_fields, llama_rules)

@@ -23,8 +23,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from nanoattn.config import ModelConfig
-from nanoattn.hf.family import Family, Rule, interleaved_order, linear_rules, required
-from nanoattn.hf.llama import check_silu, head_sizes
+from nanoattn.hf.family import PLAIN_ATTENTION, Family, Rule, interleaved_order, required
+from nanoattn.hf.llama import check_silu, head_sizes, llama_rules
 from nanoattn.hf.rope_params import rope_from_hf, rope_to_hf
 
 LAYER_KINDS = ("rope", "nope")
@@ -33,21 +33,8 @@ _FLOOR_SCALE_DEFAULT = 8192
 
 
 def _rules(cfg: ModelConfig) -> list[Rule]:
-    H, Hkv, D, F = cfg.n_head, cfg.n_kv_head, cfg.head_dim, cfg.ffn_dim
-    order = interleaved_order(H, Hkv, D)
-    rules = [Rule("tok_emb.weight", ("model.embed_tokens.weight",)),
-             Rule("norm.weight", ("model.norm.weight",))]
-    for i in range(cfg.n_layer):
-        ours, theirs = f"blocks.{i}", f"model.layers.{i}"
-        rules += linear_rules(f"{ours}.attn_norm", (f"{theirs}.input_layernorm",), False)
-        rules += linear_rules(f"{ours}.attn.qkv", tuple(f"{theirs}.self_attn.{n}_proj" for n in "qkv"),
-                              False, split=(H * D, Hkv * D, Hkv * D), order=order)
-        rules += linear_rules(f"{ours}.attn.proj", (f"{theirs}.self_attn.o_proj",), False)
-        rules += linear_rules(f"{ours}.mlp_norm", (f"{theirs}.post_attention_layernorm",), False)
-        rules += linear_rules(f"{ours}.mlp.gate_up", (f"{theirs}.feed_forward.gate_proj",
-                                                      f"{theirs}.feed_forward.up_proj"), False, split=(F, F))
-        rules += linear_rules(f"{ours}.mlp.down", (f"{theirs}.feed_forward.down_proj",), False)
-    return rules
+    order = interleaved_order(cfg.n_head, cfg.n_kv_head, cfg.head_dim)
+    return llama_rules(cfg, mlp="feed_forward", order=order)
 
 
 def _to_config(cfg: ModelConfig) -> dict[str, Any]:
@@ -148,5 +135,5 @@ def _selects(cfg: ModelConfig) -> bool:
 
 
 LLAMA4 = Family("Llama 4", "llama4_text", "Llama4ForCausalLM", "a pos of 'rope' and 'nope' layers", _selects,
-                {"norm": "rmsnorm", "mlp": "swiglu", "bias": False}, "model.",
+                {**PLAIN_ATTENTION, "norm": "rmsnorm", "mlp": "swiglu", "bias": False}, "model.",
                 _to_config, _from_config, _rules)

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from nanoattn.config import ModelConfig
-from nanoattn.hf.family import Family, Rule, linear_rules, only_rope, required
+from nanoattn.hf.family import PLAIN_ATTENTION, Family, Rule, linear_rules, only_rope, required
 from nanoattn.hf.llama import check_silu, head_sizes
 from nanoattn.hf.rope_params import hf_rope, partial_rotary_factor, rope_kind, rope_to_hf
 
@@ -122,5 +122,6 @@ def _selects(cfg: ModelConfig) -> bool:
 
 
 PHI3 = Family("Phi-3", "phi3", "Phi3ForCausalLM", "pos='rope' with rope_fraction < 1 or a longrope scaling",
-              _selects, {"norm": "rmsnorm", "mlp": "swiglu", "bias": False, "rope_p": 1.0}, "model.",
+              _selects, {**PLAIN_ATTENTION, "norm": "rmsnorm", "mlp": "swiglu", "bias": False, "rope_p": 1.0},
+              "model.",
               _to_config, _from_config, _rules)

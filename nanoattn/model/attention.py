@@ -13,6 +13,11 @@ Design:
   which halves the work of a long causal input.
 - The slow path (``return_weights=True``) computes softmax(QK^T/sqrt(d) + bias) explicitly and
   returns the weights for analysis; tests check it equals the fast path.
+- Variants are small named pieces: ``QKNorm`` (RMSNorm of each query and key head, before or
+  after the rotation) and the score soft-cap ``cap * tanh(s / cap)`` (Gemma 2). SDPA cannot cap
+  its scores, so a capped model takes the explicit computation in the same query chunks as the
+  bias path: memory stays linear in T. The cap acts on q.k/sqrt(d) only, before an encoding's
+  bias is added, so an ALiBi or T5 bias keeps its full range.
 - The positional encoding is the layer's own (``GPT`` hands it ``pos.for_layer(layer)``) and is
   asked for what it does (``rotate``, ``scale_queries``, ``scale_keys``, ``bias``); this module
   never branches on its name.
@@ -34,6 +39,27 @@ from nanoattn.positional.base import PositionalEncoding
 MASK_CHUNK_ELEMENTS = 1 << 22
 
 
+def softcap(x: torch.Tensor, cap: float | None) -> torch.Tensor:
+    """Gemma 2's soft-capping, cap * tanh(x / cap): smooth, odd, bounded by cap; None leaves x as is."""
+    return x if cap is None else cap * torch.tanh(x / cap)
+
+
+class QKNorm(nn.Module):
+    """RMSNorm of every query and key head over head_dim, one gain for the queries and one for the
+    keys shared by all heads (Qwen 3's q_norm / k_norm). The output keeps the input's dtype."""
+
+    def __init__(self, cfg) -> None:
+        super().__init__()
+        self.split = [cfg.n_head, cfg.n_kv_head]
+        self.q = nn.RMSNorm(cfg.head_dim, eps=cfg.norm_eps)
+        self.k = nn.RMSNorm(cfg.head_dim, eps=cfg.norm_eps)
+
+    def forward(self, qk: torch.Tensor) -> torch.Tensor:
+        """qk [B, H + Hkv, T, D] -> the same shape, each head normalised."""
+        q, k = qk.split(self.split, dim=1)
+        return torch.cat([self.q(q), self.k(k)], dim=1).to(qk.dtype)
+
+
 class Attention(nn.Module):
     def __init__(self, cfg) -> None:
         super().__init__()
@@ -42,6 +68,9 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(cfg.d_model, cfg.d_model + 2 * kv_width, bias=cfg.bias)
         self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
         self.dropout = cfg.dropout
+        self.qk_norm_at = cfg.qk_norm  # none | before_rope | after_rope
+        self.qk_norm = QKNorm(cfg) if cfg.qk_norm != "none" else None
+        self.score_cap = cfg.attn_softcap
 
     def forward(
         self,
@@ -63,8 +92,13 @@ class Attention(nn.Module):
         H, Hkv, D = self.n_head, self.n_kv_head, self.head_dim
         heads = self.qkv(x).view(B, T, H + 2 * Hkv, D).transpose(1, 2)  # [B, H + 2 Hkv, T, D]: q | k | v
         qk, v = heads.split([H + Hkv, Hkv], dim=1)  # v: [B, Hkv, T, D]
+        if self.qk_norm_at == "before_rope":
+            qk = self.qk_norm(qk)
         # Queries and keys rotate in one call: one cos/sin lookup, half the kernel launches.
-        q, k = pos.rotate(qk, positions, seq_len).split([H, Hkv], dim=1)  # [B, H, T, D], [B, Hkv, T, D]
+        qk = pos.rotate(qk, positions, seq_len)
+        if self.qk_norm_at == "after_rope":
+            qk = self.qk_norm(qk)
+        q, k = qk.split([H, Hkv], dim=1)  # [B, H, T, D], [B, Hkv, T, D]
         q, k = pos.scale_queries(q, positions), pos.scale_keys(k, positions)
         if cache is not None:
             k, v = cache.update(layer, k, v)  # [B, Hkv, seq_len, D]
@@ -72,7 +106,8 @@ class Attention(nn.Module):
         k_positions = torch.arange(seq_len - k.shape[2], seq_len, device=x.device)
 
         if return_weights:
-            y, weights = self._attend_explicit(q, k, v, positions, k_positions, pos, layer)
+            mask = self._mask(q, k, positions, k_positions, pos, layer, torch.float32)
+            y, weights = self._attend_explicit(q, k, v, mask)
         else:
             y, weights = self._attend(q, k, v, positions, k_positions, pos, layer), None
         if head_mask is not None:
@@ -87,7 +122,7 @@ class Attention(nn.Module):
         Tk = k.shape[2]
         options = dict(enable_gqa=self.n_kv_head != self.n_head,
                        dropout_p=self.dropout if self.training else 0.0)
-        if not pos.adds_bias:
+        if not pos.adds_bias and self.score_cap is None:
             if Tq == Tk:
                 return F.scaled_dot_product_attention(q, k, v, is_causal=True, **options)
             if Tq == 1:  # one new token after the cache: it sees every cached key
@@ -103,10 +138,14 @@ class Attention(nn.Module):
             # Queries and keys end at the same (newest) position, so this chunk's queries see only
             # the first Tk - Tq + stop keys: the later ones, fully masked, are never computed.
             keys = Tk - Tq + stop
-            mask = self._mask(q[:, :, start:stop], k[:, :, :keys], q_positions[start:stop],
-                              k_positions[:keys], pos, layer, q.dtype)
-            outputs.append(F.scaled_dot_product_attention(q[:, :, start:stop], k[:, :, :keys], v[:, :, :keys],
-                                                          attn_mask=mask, **options))
+            q_chunk, k_chunk, v_chunk = q[:, :, start:stop], k[:, :, :keys], v[:, :, :keys]
+            mask = self._mask(q_chunk, k_chunk, q_positions[start:stop], k_positions[:keys], pos, layer,
+                              q.dtype if self.score_cap is None else torch.float32)
+            if self.score_cap is None:
+                outputs.append(F.scaled_dot_product_attention(q_chunk, k_chunk, v_chunk, attn_mask=mask,
+                                                              **options))
+            else:
+                outputs.append(self._attend_explicit(q_chunk, k_chunk, v_chunk, mask)[0])
         return torch.cat(outputs, dim=2)
 
     @staticmethod
@@ -118,13 +157,17 @@ class Attention(nn.Module):
             return allowed
         return bias.masked_fill(~allowed, float("-inf")).to(dtype)
 
-    def _attend_explicit(self, q, k, v, q_positions, k_positions, pos, layer):
-        """Slow path returning the weights [B, H, Tq, Tk] as well."""
-        mask = self._mask(q, k, q_positions, k_positions, pos, layer, torch.float32)
-        groups = self.n_head // self.n_kv_head
-        k = k.repeat_interleave(groups, dim=1)  # [B, H, Tk, D]
-        v = v.repeat_interleave(groups, dim=1)
-        scores = (q @ k.transpose(-2, -1)).float() / math.sqrt(self.head_dim)  # [B, H, Tq, Tk]
+    def _attend_explicit(self, q, k, v, mask):
+        """softmax(softcap(q.k / sqrt(D)) + mask) @ v, returning the weights [B, H, Tq, Tk] as well.
+
+        Each K/V head's query heads are stacked as rows of one matmul, so K/V are never repeated.
+        """
+        B, H, Tq, D = q.shape
+        Hkv, Tk = k.shape[1], k.shape[2]
+        scores = q.reshape(B, Hkv, -1, D) @ k.transpose(-2, -1)  # [B, Hkv, H / Hkv * Tq, Tk]
+        scores = softcap(scores.view(B, H, Tq, Tk).float() / math.sqrt(D), self.score_cap)
         scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
         weights = torch.softmax(scores, dim=-1)
-        return weights.to(v.dtype) @ v, weights
+        kept = dropout(weights, self.dropout, self.training).to(v.dtype)
+        y = kept.view(B, Hkv, -1, Tk) @ v  # [B, Hkv, H / Hkv * Tq, D]
+        return y.view(B, H, Tq, D), weights

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from nanoattn.config import ModelConfig
-from nanoattn.model.attention import Attention
+from nanoattn.model.attention import Attention, softcap
 from nanoattn.model.cache import KVCache
 from nanoattn.model.layers import dropout, make_mlp, make_norm
 from nanoattn.positional import build_positional
@@ -99,10 +99,16 @@ class GPT(nn.Module):
             cache.length = seq_len
         return self.norm(x), all_weights
 
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Final hidden states [..., d_model] -> logits [..., vocab_size], soft-capped if configured
+        (in float32: tanh in bfloat16 would round the logits near the cap together)."""
+        logits = self.lm_head(hidden)
+        return logits if self.cfg.logit_softcap is None else softcap(logits.float(), self.cfg.logit_softcap)
+
     def forward(self, idx: torch.Tensor, *, cache: KVCache | None = None,
                 head_mask: torch.Tensor | None = None) -> torch.Tensor:
         """idx [B, T] -> logits [B, T, vocab_size]."""
-        return self.lm_head(self.hidden_states(idx, cache=cache, head_mask=head_mask)[0])
+        return self.logits(self.hidden_states(idx, cache=cache, head_mask=head_mask)[0])
 
     def loss(self, idx: torch.Tensor, targets: torch.Tensor, *, reduction: str = "mean",
              head_mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -121,7 +127,7 @@ class GPT(nn.Module):
         if not torch.is_grad_enabled():
             rows = max(1, LOSS_CHUNK_ELEMENTS // self.cfg.vocab_size)
         # Each chunk: logits [rows, V] in float32, then its per-token losses [rows].
-        per_token = torch.cat([F.cross_entropy(self.lm_head(h).float(), t, reduction="none")
+        per_token = torch.cat([F.cross_entropy(self.logits(h).float(), t, reduction="none")
                                for h, t in zip(hidden.split(rows), flat_targets.split(rows), strict=True)])
         if reduction == "none":
             return per_token.view(targets.shape)
@@ -132,7 +138,7 @@ class GPT(nn.Module):
     def attention_maps(self, idx: torch.Tensor, *, head_mask: torch.Tensor | None = None):
         """(logits [B, T, V], list of attention weights [B, n_head, T, T] per layer), slow path."""
         hidden, weights = self.hidden_states(idx, head_mask=head_mask, return_weights=True)
-        return self.lm_head(hidden), weights
+        return self.logits(hidden), weights
 
     def num_params(self, *, exclude_embeddings: bool = False) -> int:
         """Parameters counted once (a tied LM head shares the embedding's)."""

@@ -20,6 +20,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
+from variants import VARIANTS
 
 import nanoattn.model.attention as attention_module
 from nanoattn import GPT, ModelConfig
@@ -80,7 +81,25 @@ ENCODINGS = [(pos, None) for pos in REGISTRY] + [
 def test_attention_maps_slow_path_equals_fast_path(monkeypatch, pos, scaling, layout):
     # Small chunks so the bias path (ALiBi) really splits its queries.
     monkeypatch.setattr(attention_module, "MASK_CHUNK_ELEMENTS", 2 * 4 * 5 * 24)
-    model = small_model(LAYOUTS[layout], pos=pos, rope_scaling=scaling)
+    check_maps(small_model(LAYOUTS[layout], pos=pos, rope_scaling=scaling))
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_attention_maps_of_the_variants_equal_their_fast_path(monkeypatch, variant, layout):
+    # The capped scores are computed in chunks on the fast path and whole on the slow one.
+    monkeypatch.setattr(attention_module, "MASK_CHUNK_ELEMENTS", 2 * 4 * 5 * 24)
+    model = small_model(LAYOUTS[layout], init_std=0.2, **VARIANTS[variant])
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "qk_norm" in name:  # gains off 1, so the norm's placement matters
+                p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(1)) * 0.3)
+    check_maps(model)
+
+
+def check_maps(model: GPT) -> None:
+    """The slow path's logits equal the fast path's, with and without a head mask; its weights are
+    causal distributions."""
     idx = torch.randint(0, 50, (2, 24))
     mask = torch.tensor([[1.0, 0.0, 0.5, 1.0], [0.0, 1.0, 1.0, 2.0]])
     for head_mask in (None, mask):

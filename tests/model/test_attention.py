@@ -110,7 +110,8 @@ def test_chunked_mask_path_equals_explicit_attention(monkeypatch, pos, n_kv_head
     q, k, v = torch.randn(2, 4, 40, 8), torch.randn(2, n_kv_head, 40, 8), torch.randn(2, n_kv_head, 40, 8)
     positions = torch.arange(40)
     fast = attn._attend(q, k, v, positions, positions, pe, 0)
-    slow, weights = attn._attend_explicit(q, k, v, positions, positions, pe, 0)
+    mask = attn._mask(q, k, positions, positions, pe, 0, torch.float32)
+    slow, weights = attn._attend_explicit(q, k, v, mask)
     torch.testing.assert_close(fast, slow, atol=1e-5, rtol=1e-5)
     assert torch.allclose(weights.sum(-1), torch.ones(2, 4, 40))
     assert (weights.triu(1) == 0).all()  # causal

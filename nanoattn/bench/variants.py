@@ -1,0 +1,86 @@
+"""``encodings`` and ``attention``: the price of each positional encoding and attention variant in
+training tokens/s, side by side.
+
+- ``encodings``: every registered encoding, plus a RoPE/NoPE interleaving (a per-layer layout, as
+  Llama 4's iRoPE and SmolLM3 use; 1:1 so it fits any depth >= 2), as a ratio to RoPE's.
+- ``attention``: the plain block and each attention variant (QK-norm before and after RoPE, score
+  and logit soft-capping at Gemma 2's caps), as a ratio to the plain block's.
+- Each model is the config's shape with random weights, trained through
+  ``nanoattn.train.step.optimizer_step`` (the update the training loop runs), one repetition of
+  each in turn (``alternate``), so load from other processes hits all alike and the ratios hold
+  where absolute numbers do not. ``learned`` gets a table of the benchmark's length; every model
+  has the same d_model, heads and depth, so the differences are the variants' own work
+  (rotations, bias chunks, CoPE's gates, norms, the explicit capped scores).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from nanoattn.bench.core import BenchConfig, Row, alternate, random_tokens, section, shape_text
+from nanoattn.config import TrainConfig
+from nanoattn.model import GPT
+from nanoattn.positional import REGISTRY
+from nanoattn.runtime import autocast, autocast_dtype
+from nanoattn.train.optim import make_optimizer
+from nanoattn.train.step import optimizer_step, wrap_for_training
+
+# Registered encodings and a per-layer RoPE/NoPE layout, each a ``pos`` value.
+BENCH_ENCODINGS: tuple[str | list[str], ...] = (*REGISTRY, ["rope", "nope"])
+# The attention variants' ModelConfig fields, on the config's own encoding; "plain" is the reference.
+BENCH_ATTENTION: dict[str, dict[str, Any]] = {
+    "plain": {},
+    "qk_norm before_rope": dict(qk_norm="before_rope"),
+    "qk_norm after_rope": dict(qk_norm="after_rope"),
+    "attn_softcap 50": dict(attn_softcap=50.0),
+    "logit_softcap 30": dict(logit_softcap=30.0),
+}
+
+
+def _label(pos: str | list[str]) -> str:
+    return pos if isinstance(pos, str) else "[" + ",".join(pos) + "]"
+
+
+def _step_seconds(cfg: BenchConfig,
+                  models: Mapping[str, dict[str, Any]]) -> tuple[dict[str, float], int, int]:
+    """Median seconds per training step of each labelled model (ModelConfig overrides), alternated;
+    and the batch and length they ran at."""
+    device, t = cfg.torch_device(), TrainConfig()
+    B, T = cfg.batch_size, 64 if cfg.quick else cfg.seq_len
+    batch = (random_tokens(cfg.model.vocab_size, (B, T), device, seed=1),  # [B, T]
+             random_tokens(cfg.model.vocab_size, (B, T), device, seed=2))
+    amp, _ = autocast_dtype(cfg.dtype, device)
+    steps = {}
+    for label, overrides in models.items():
+        torch.manual_seed(0)
+        with device:
+            model = GPT(dataclasses.replace(cfg.model, max_seq_len=T, rope_scaling=None, **overrides)).train()
+        optimizer = make_optimizer(model, lr=t.lr, weight_decay=t.weight_decay, betas=(t.beta1, t.beta2),
+                                   decay_embeddings=t.decay_embeddings, device=device)
+        net = wrap_for_training(model, ddp=False, compile=False, device=device)
+        steps[label] = (lambda net=net, model=model, optimizer=optimizer: optimizer_step(
+            net, model, optimizer, [batch], grad_clip=t.grad_clip, autocast=lambda: autocast(device, amp)))
+    return alternate(steps, cfg.reps, device), B, T
+
+
+@section("encodings")
+def encodings_section(cfg: BenchConfig, done: Mapping[str, list[Row]]) -> list[Row]:
+    """Training-step tokens/s of every encoding at one shape, and its ratio to RoPE's."""
+    seconds, B, T = _step_seconds(cfg, {_label(pos): dict(pos=pos) for pos in BENCH_ENCODINGS})
+    rope = B * T / seconds["rope"]
+    return [dict(pos=label, dtype=cfg.dtype, shape=shape_text(cfg.model, B, T), step_ms=1000 * s,
+                 tok_per_s=B * T / s, vs_rope=B * T / s / rope) for label, s in seconds.items()]
+
+
+@section("attention")
+def attention_section(cfg: BenchConfig, done: Mapping[str, list[Row]]) -> list[Row]:
+    """Training-step tokens/s of every attention variant at one shape, and its ratio to the plain block's."""
+    seconds, B, T = _step_seconds(cfg, BENCH_ATTENTION)
+    plain = B * T / seconds["plain"]
+    return [dict(variant=label, pos=_label(cfg.model.pos), dtype=cfg.dtype, shape=shape_text(cfg.model, B, T),
+                 step_ms=1000 * s, tok_per_s=B * T / s, vs_plain=B * T / s / plain)
+            for label, s in seconds.items()]

@@ -1,0 +1,201 @@
+"""Attention variants: QK-norm (before or after the rotation) and soft-capping (scores, logits).
+
+References: the formulas written out by hand, an explicit whole-matrix attention for the chunked
+capped path, and transformers' Gemma 2 attention (eager) for the capped scores. Cached decoding
+is in test_generate.py, the Qwen 3 export (QK-norm before RoPE) in test_hf_families.py.
+"""
+
+import math
+
+import pytest
+import torch
+from transformers import Gemma2Config
+from transformers.models.gemma2.modeling_gemma2 import Gemma2Attention, Gemma2RotaryEmbedding
+from variants import VARIANTS
+
+from nanoattn import GPT, ModelConfig
+from nanoattn.model import Attention
+from nanoattn.model import attention as attention_module
+from nanoattn.model.attention import QKNorm, softcap
+from nanoattn.positional import build_positional
+
+
+def perturbed_norms(attn: Attention, seed: int = 0) -> Attention:
+    with torch.no_grad():
+        for p in attn.qk_norm.parameters():
+            p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(seed)) * 0.3)
+    return attn
+
+
+def test_softcap_is_cap_times_tanh_of_x_over_cap():
+    x = torch.tensor([-100.0, -3.0, 0.0, 0.5, 3.0, 100.0])
+    expected = torch.tensor([3 * math.tanh(v / 3) for v in x.tolist()])
+    torch.testing.assert_close(softcap(x, 3.0), expected)
+    assert softcap(x, 3.0).abs().max() <= 3.0  # bounded by the cap
+    assert softcap(x, None) is x
+
+
+def test_qk_norm_divides_each_head_by_its_rms_and_applies_one_gain_per_side():
+    cfg = ModelConfig(d_model=32, n_head=4, n_kv_head=2, norm_eps=1e-6)
+    norm = QKNorm(cfg)
+    with torch.no_grad():
+        norm.q.weight.copy_(torch.linspace(0.5, 2.0, 8))
+        norm.k.weight.copy_(torch.linspace(2.0, 0.5, 8))
+    qk = torch.randn(2, 6, 5, 8, dtype=torch.float64)  # 4 query heads, 2 key heads, 5 tokens, head_dim 8
+    out = norm.double()(qk)
+    rms = qk.pow(2).mean(-1, keepdim=True).add(1e-6).sqrt()
+    gains = torch.cat([norm.q.weight.expand(4, 1, 8), norm.k.weight.expand(2, 1, 8)])  # [6, 1, 8]
+    torch.testing.assert_close(out, qk / rms * gains)
+
+
+def test_qk_norm_before_and_after_rope_agree_only_while_the_gains_are_uniform():
+    """A rotation keeps each head's rms, so with unit gains the order is invisible; learned gains
+    weight the dimensions, which the rotation mixes, so the two placements differ."""
+    x = torch.randn(2, 12, 32)
+    outputs = {}
+    for at in ("before_rope", "after_rope"):
+        torch.manual_seed(0)
+        cfg = ModelConfig(d_model=32, n_head=4, n_kv_head=2, qk_norm=at)
+        attn = Attention(cfg)
+        positions = torch.arange(12)
+        with torch.no_grad():
+            outputs[at, "unit"] = attn(x, build_positional(cfg), positions, 12)[0]
+            outputs[at, "learned"] = perturbed_norms(attn)(x, build_positional(cfg), positions, 12)[0]
+    torch.testing.assert_close(outputs["before_rope", "unit"], outputs["after_rope", "unit"])
+    assert (outputs["before_rope", "learned"] - outputs["after_rope", "learned"]).abs().max() > 1e-3
+
+
+def test_qk_norm_bounds_the_scores_by_the_gains():
+    """|q.k| / sqrt(d) <= sqrt(d) * max gain^2 however large the projections grow: the stability it
+    exists for (weights x100 leave the attention maps where they were, up to the norm's epsilon)."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=50, d_model=32, n_layer=1, n_head=4, qk_norm="before_rope", norm_eps=1e-10)
+    model = GPT(cfg).eval()
+    idx = torch.randint(0, 50, (1, 16))
+    with torch.no_grad():
+        _, before = model.attention_maps(idx)
+        model.blocks[0].attn.qkv.weight.mul_(100)
+        _, after = model.attention_maps(idx)
+    torch.testing.assert_close(before[0], after[0], atol=1e-5, rtol=1e-4)
+
+
+def reference_capped(q, k, v, cap, bias=None):
+    """softmax(cap * tanh(q.k / sqrt(d) / cap) + bias, causal) @ v, K/V repeated per group."""
+    groups = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    scores = cap * torch.tanh(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]) / cap)
+    if bias is not None:
+        scores = scores + bias
+    T = q.shape[2]
+    scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+    return torch.softmax(scores, dim=-1) @ v
+
+
+@pytest.mark.parametrize("pos", ["rope", "alibi"])
+@pytest.mark.parametrize("n_kv_head", [4, 2, 1])
+def test_capped_attention_in_query_chunks_equals_the_formula(monkeypatch, pos, n_kv_head):
+    monkeypatch.setattr(attention_module, "MASK_CHUNK_ELEMENTS", 2 * 4 * 7 * 40)  # 7 queries a chunk
+    cfg = ModelConfig(d_model=32, n_head=4, n_kv_head=n_kv_head, pos=pos, attn_softcap=1.5)
+    attn, pe = Attention(cfg), build_positional(cfg)
+    q = torch.randn(2, 4, 40, 8) * 3  # scores well into tanh's curve
+    k, v = torch.randn(2, n_kv_head, 40, 8), torch.randn(2, n_kv_head, 40, 8)
+    positions = torch.arange(40)
+    bias = pe.bias(q, k, positions, positions, 0)  # None for RoPE
+    torch.testing.assert_close(attn._attend(q, k, v, positions, positions, pe, 0),
+                               reference_capped(q, k, v, 1.5, bias), atol=1e-5, rtol=1e-5)
+
+
+def test_capped_attention_stays_within_one_chunk_at_a_long_length(monkeypatch):
+    built = []
+    original = attention_module.Attention._attend_explicit
+
+    def spy(self, q, k, v, mask):
+        y, weights = original(self, q, k, v, mask)
+        built.append(weights.numel())
+        return y, weights
+
+    monkeypatch.setattr(attention_module.Attention, "_attend_explicit", spy)
+    monkeypatch.setattr(attention_module, "MASK_CHUNK_ELEMENTS", 1 << 16)
+    cfg = ModelConfig(vocab_size=50, d_model=32, n_layer=1, n_head=4, attn_softcap=1.5)
+    with torch.no_grad():
+        GPT(cfg).eval()(torch.randint(0, 50, (1, 1024)))
+    assert max(built) <= 1 << 16  # the whole [4 heads, 1024, 1024] score matrix would be 64x that
+    assert len(built) == 1024 // ((1 << 16) // (4 * 1024))
+
+
+@pytest.mark.parametrize("n_kv_head", [4, 2, 1])
+def test_capped_attention_equals_transformers_gemma2_eager(n_kv_head):
+    torch.manual_seed(0)
+    cap, T = 1.5, 24
+    ours_cfg = ModelConfig(d_model=64, n_head=4, n_kv_head=n_kv_head, max_seq_len=T, attn_softcap=cap)
+    ours = Attention(ours_cfg).eval()
+    hf_cfg = Gemma2Config(hidden_size=64, num_attention_heads=4, num_key_value_heads=n_kv_head, head_dim=16,
+                          query_pre_attn_scalar=16, attn_logit_softcapping=cap, attention_bias=False,
+                          num_hidden_layers=1, layer_types=["full_attention"], max_position_embeddings=T)
+    hf_cfg._attn_implementation = "eager"
+    theirs = Gemma2Attention(hf_cfg, layer_idx=0).eval()
+    q_w, k_w, v_w = ours.qkv.weight.split([64, 16 * n_kv_head, 16 * n_kv_head])
+    with torch.no_grad():
+        ours.qkv.weight.mul_(4)  # scores of several units: the cap acts
+        pairs = ((theirs.q_proj, q_w), (theirs.k_proj, k_w), (theirs.v_proj, v_w),
+                 (theirs.o_proj, ours.proj.weight))
+        for proj, w in pairs:
+            proj.weight.copy_(w)
+        x = torch.randn(2, T, 64)
+        positions = torch.arange(T)
+        cos_sin = Gemma2RotaryEmbedding(hf_cfg)(x, positions[None])
+        causal = torch.full((T, T), float("-inf")).triu(1)[None, None]
+        expected = theirs(x, position_embeddings=cos_sin, attention_mask=causal)[0]
+        got = ours(x, build_positional(ours_cfg), positions, T)[0]
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_logit_softcap_caps_forward_loss_and_generation_logits():
+    torch.manual_seed(0)
+    fields = dict(vocab_size=50, d_model=32, n_layer=1, n_head=4, init_std=0.5)
+    plain = GPT(ModelConfig(**fields)).eval()
+    capped = GPT(ModelConfig(**fields, logit_softcap=1.5)).eval()
+    capped.load_state_dict(plain.state_dict())
+    idx = torch.randint(0, 50, (2, 10))
+    with torch.no_grad():
+        raw, got = plain(idx), capped(idx)
+        assert raw.abs().max() > 3  # the cap acts
+        torch.testing.assert_close(got, 1.5 * torch.tanh(raw / 1.5))
+        loss = torch.nn.functional.cross_entropy(got[:, :-1].flatten(0, 1), idx[:, 1:].flatten())
+        torch.testing.assert_close(capped.loss(idx[:, :-1], idx[:, 1:]), loss)
+        torch.testing.assert_close(capped.attention_maps(idx)[0], got)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_a_variant_model_learns_and_its_maps_are_distributions(variant):
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(vocab_size=16, d_model=32, n_layer=2, n_head=4, n_kv_head=2, max_seq_len=16,
+                            **VARIANTS[variant]))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    idx = torch.arange(16).repeat(4, 1)  # a fixed sequence to memorise
+    losses = []
+    for _ in range(30):
+        loss = model.loss(idx[:, :-1], idx[:, 1:])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    # Half, not less: a logit cap of 1.5 over 16 tokens puts the loss floor at 0.56 nats.
+    assert losses[-1] < 0.5 * losses[0]
+    with torch.no_grad():
+        _, maps = model.eval().attention_maps(idx)
+    assert torch.allclose(maps[0].sum(-1), torch.ones(4, 4, 16)) and (maps[0].triu(1) == 0).all()
+
+
+@pytest.mark.parametrize(("field", "value", "message"), [
+    ("qk_norm", "both", "model.qk_norm='both' is invalid"),
+    ("qk_norm", True, "allowed: none | before_rope | after_rope"),
+    ("attn_softcap", 0, "model.attn_softcap=0 is invalid: must be a positive finite number or null"),
+    ("attn_softcap", float("inf"), "attn_softcap=inf"),
+    ("logit_softcap", "x", "model.logit_softcap='x' is invalid"),
+    ("logit_softcap", -30.0, "must be a positive finite number"),
+])
+def test_bad_variant_settings_are_one_line_errors(field, value, message):
+    with pytest.raises(ValueError, match=message.replace("|", r"\|")) as info:
+        ModelConfig(**{field: value})
+    assert "\n" not in str(info.value)

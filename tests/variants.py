@@ -1,0 +1,10 @@
+"""The attention variants the generic tests run over: the ModelConfig fields that switch each on.
+
+The caps are small so that tanh is far from linear on a random model's scores and logits."""
+
+VARIANTS = {
+    "qk_norm_before_rope": dict(qk_norm="before_rope"),
+    "qk_norm_after_rope": dict(qk_norm="after_rope"),
+    "attn_softcap": dict(attn_softcap=1.5),
+    "logit_softcap": dict(logit_softcap=1.5),
+}
