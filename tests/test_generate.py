@@ -158,9 +158,9 @@ def test_cache_dtype_follows_the_compute_dtype():
         next(decoding)
         with torch.no_grad():
             activation = model.blocks[0].attn.qkv(model.tok_emb(idx))
-    assert decoding.cache.k.dtype == activation.dtype == torch.bfloat16
-    assert Decoding(model, idx, 4).cache.k.dtype == torch.float32
-    assert Decoding(tiny().to(torch.bfloat16), idx, 4).cache.k.dtype == torch.bfloat16
+    assert decoding.cache.dtype == activation.dtype == torch.bfloat16
+    assert Decoding(model, idx, 4).cache.dtype == torch.float32
+    assert Decoding(tiny().to(torch.bfloat16), idx, 4).cache.dtype == torch.bfloat16
 
 
 def test_bf16_cached_decoding_stays_close_to_recomputation():

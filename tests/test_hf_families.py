@@ -1,5 +1,5 @@
 """Export to / import from transformers' Llama 4 (RoPE/NoPE layouts), Phi-3 (partial RoPE, LongRoPE)
-and Qwen 3 (QK-norm before RoPE).
+Qwen 3 (QK-norm before RoPE) and Ministral (sliding windows).
 
 References, as in test_hf.py: transformers' own models loaded from the exported folder (logits
 past the original context, eager attention, greedy ``generate``), models that transformers
@@ -22,6 +22,8 @@ from transformers import (
     AutoModelForCausalLM,
     Llama4ForCausalLM,
     Llama4TextConfig,
+    MinistralConfig,
+    MinistralForCausalLM,
     Phi3Config,
     Phi3ForCausalLM,
     Qwen3Config,
@@ -294,6 +296,48 @@ def test_qwen3_round_trip_and_a_model_transformers_created(tmp_path):
     assert logits_diff(imported, load_transformers(tmp_path / "theirs")) < ATOL
 
 
+# ----------------------------------------------------------------------------- Ministral
+
+WINDOW = 6  # far inside the 80-token test length
+
+
+@pytest.mark.parametrize("n_kv_head", [4, 2, 1], ids=["mha", "gqa", "mqa"])
+@pytest.mark.parametrize("windows", [WINDOW, [WINDOW, None], [None, WINDOW, WINDOW, None]],
+                         ids=["all-local", "alternating", "mixed"])
+def test_ministral_export_of_sliding_windows_logits_equal_transformers(tmp_path, windows, n_kv_head):
+    ours = model(**{**BASE, "n_kv_head": n_kv_head}, sliding_window=windows)
+    path = export_hf(ours, tmp_path / "hf")
+    theirs = load_transformers(path)
+    assert isinstance(theirs, MinistralForCausalLM) and theirs.config.sliding_window == WINDOW
+    assert theirs.config.layer_types == ["full_attention" if w is None else "sliding_attention"
+                                         for w in ours.cfg.layer_window]
+    assert logits_diff(ours, theirs) < ATOL
+    back = import_hf(path)
+    assert back.cfg.layer_window == ours.cfg.layer_window
+    assert_same_weights(back, ours)
+
+
+def test_ministral_greedy_generation_past_the_window_equals_transformers_generate(tmp_path):
+    ours = model(**BASE, sliding_window=[WINDOW, None])
+    theirs = load_transformers(export_hf(ours, tmp_path / "hf"), attn_implementation="sdpa")
+    idx, n = tokens(16), LONG - 16  # the local layers' caches roll from the prompt on
+    expected = theirs.generate(idx, attention_mask=torch.ones_like(idx), max_new_tokens=n, min_new_tokens=n,
+                               do_sample=False)
+    assert torch.equal(generate(ours, idx, n, temperature=0), expected)
+
+
+def test_import_ministral_created_by_transformers(tmp_path):
+    config = MinistralConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+                             num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=5,
+                             layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                             max_position_embeddings=ORIGINAL, bos_token_id=0, eos_token_id=0)
+    torch.manual_seed(0)
+    perturb_(MinistralForCausalLM(config)).save_pretrained(tmp_path)
+    ours = import_hf(tmp_path)
+    assert ours.cfg.layer_window == (5, None, 5)
+    assert logits_diff(ours, load_transformers(tmp_path)) < ATOL
+
+
 # ----------------------------------------------------------------------------- p-RoPE
 
 
@@ -376,6 +420,12 @@ def test_export_refuses_layouts_that_are_not_rope_and_nope(tmp_path, name):
      "transformers' Phi-3"),
     (dict(BASE, pos="learned", norm="layernorm", mlp="gelu", bias=True, logit_softcap=30.0),
      "model.logit_softcap=30.0 has no counterpart in transformers' GPT-2"),
+    (dict(BASE, sliding_window=[8, 16]),
+     r"model.sliding_window=\[8, 16\] has no counterpart in transformers' Ministral format .*one window"),
+    (dict(BASE, sliding_window=8, bias=True),
+     "model.bias=True has no counterpart in transformers' Ministral format"),
+    (dict(QWEN3, sliding_window=8), "model.sliding_window=8 has no counterpart in transformers' Qwen 3"),
+    (dict(IROPE, sliding_window=8), "model.sliding_window=8 has no counterpart in transformers' Llama 4"),
 ])
 def test_export_refuses_fields_without_a_counterpart(tmp_path, fields, message):
     assert re.match(message, refused(tmp_path, fields))
@@ -386,7 +436,7 @@ def exported(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("exported")
     return {name: export_hf(model(**fields), root / name) for name, fields in
             [("llama4", IROPE), ("phi3", dict(BASE, rope_fraction=0.5, rope_scaling=longrope(0.5))),
-             ("qwen3", QWEN3)]}
+             ("qwen3", QWEN3), ("ministral", dict(BASE, sliding_window=[WINDOW, None]))]}
 
 
 def edited(exported: dict[str, Path], name: str, tmp_path: Path, drop: tuple[str, ...] = (),
@@ -413,6 +463,9 @@ def edited(exported: dict[str, Path], name: str, tmp_path: Path, drop: tuple[str
     ("phi3", (), dict(resid_pdrop=0.1), "differ: nanoattn has one dropout rate"),
     ("qwen3", (), dict(use_sliding_window=True), "use_sliding_window=True is not supported"),
     ("qwen3", (), dict(attention_bias=True), "attention_bias=True is not supported: Qwen 3's MLP"),
+    ("ministral", (), dict(layer_types=["sliding_attention", "chunked_attention"] * 2),
+     "layer_types=.* is invalid: must give 'sliding_attention' or 'full_attention'"),
+    ("ministral", (), dict(sliding_window=0), "sliding_window=0 is invalid: sliding layers need a positive"),
 ])
 def test_import_refuses_what_nanoattn_cannot_represent(exported, tmp_path, name, drop, changes, message):
     with pytest.raises(ValueError, match=message) as error:

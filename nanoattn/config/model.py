@@ -16,7 +16,7 @@ from typing import Any
 
 from nanoattn.positional import REGISTRY
 from nanoattn.positional.rope_scaling import normalize_rope_scaling
-from nanoattn.validation import as_float, check_choice, check_positive_int, fail, from_dict
+from nanoattn.validation import as_float, check_choice, check_positive_int, fail, from_dict, is_int
 
 NORMS = ("layernorm", "rmsnorm")
 MLPS = ("gelu", "swiglu")
@@ -52,6 +52,9 @@ class ModelConfig:
     temperature_attn_scale: float = 0.1  # Llama 4's attn_scale
     # RMSNorm of each query and key head: before the rotation (OLMo 2, Qwen 3) or after it (nanochat).
     qk_norm: str = "none"  # none | before_rope | after_rope
+    # Sliding-window attention: None (every earlier token), a window W (each query sees itself and the
+    # W - 1 tokens before it, as Mistral), or a list cycled over the layers ([64, 64, 64, null]).
+    sliding_window: Any = None
     attn_softcap: float | None = None  # Gemma 2: scores q.k/sqrt(d) -> cap * tanh(scores / cap) (50.0)
     logit_softcap: float | None = None  # Gemma 2: output logits -> cap * tanh(logits / cap) (30.0)
     norm: str = "rmsnorm"  # layernorm | rmsnorm
@@ -77,6 +80,7 @@ class ModelConfig:
         self._check_pos()
         check_choice(own, "norm", self.norm, NORMS)
         check_choice(own, "qk_norm", self.qk_norm, QK_NORMS)
+        self._check_sliding_window()
         for name in ("attn_softcap", "logit_softcap"):
             value = getattr(self, name)
             if value is None:
@@ -122,6 +126,25 @@ class ModelConfig:
             if REGISTRY[name].acts_on_embeddings:
                 fail("model", "pos", self.pos, f"{name!r} adds positions to the embeddings, before any "
                      f"layer: it can only be the whole model's choice (pos={name})")
+
+    def _check_sliding_window(self) -> None:
+        windows = self.sliding_window
+        if isinstance(windows, Sequence) and not isinstance(windows, str):
+            if not 1 <= len(windows) <= self.n_layer:
+                fail("model", "sliding_window", windows, f"must be null, a window or a list of 1 to "
+                     f"n_layer={self.n_layer} windows (null: a global layer) cycled over the layers")
+            self.sliding_window = windows = list(windows)  # a plain list (Hydra hands a ListConfig)
+        for window in per_layer(windows, self.n_layer):
+            if window is not None and not (is_int(window) and window > 0):
+                fail("model", "sliding_window", self.sliding_window, "each window must be a positive "
+                     "integer (tokens a query sees, itself included) or null (every earlier token)")
+        if all(window is None for window in self.layer_window):
+            self.sliding_window = None  # [null, null] is the plain model: one spelling of it
+
+    @property
+    def layer_window(self) -> tuple[int | None, ...]:
+        """Each layer's attention window (None: global): ``sliding_window`` repeated or cycled."""
+        return per_layer(self.sliding_window, self.n_layer)
 
     @property
     def layer_pos(self) -> tuple[str, ...]:

@@ -65,8 +65,18 @@ def required(hf: Mapping[str, Any], key: str, where: str) -> int:
     return hf[key]
 
 
-# The attention variants no format but Qwen 3 (QK-norm before RoPE) computes: every family's ``needs``.
-PLAIN_ATTENTION = {"qk_norm": "none", "attn_softcap": None, "logit_softcap": None}
+# The attention variants most formats cannot compute: every family's ``needs`` but where it maps one
+# (Qwen 3: QK-norm before RoPE; Ministral: sliding windows).
+PLAIN_ATTENTION = {"qk_norm": "none", "attn_softcap": None, "logit_softcap": None, "sliding_window": None}
+
+
+def shortest_cycle(values: list[Any]) -> Any:
+    """The shortest list that, cycled, gives ``values`` (one value when uniform): how a config writes a
+    per-layer field (``pos``, ``sliding_window``)."""
+    for period in range(1, len(values) + 1):
+        if all(value == values[i % period] for i, value in enumerate(values)):
+            return values[0] if period == 1 else values[:period]
+    return values  # not reached: the full list is its own cycle
 
 
 def only_rope(cfg: ModelConfig) -> bool:

@@ -3,14 +3,15 @@
 Design:
 - The family is chosen by the positional layout (each family's ``selects``): ``pos='rope'`` is
   Llama (p-RoPE too, as transformers' ``proportional`` RoPE), Qwen 3 with QK-norm before RoPE,
+  Ministral with sliding windows,
   or Phi-3 with partial RoPE
   (``rope_fraction < 1``) or a LongRoPE scaling; a layout of RoPE and NoPE layers (Llama 4's
   iRoPE, or NoPE alone) is Llama 4; ``pos='learned'`` is GPT-2.
   Every other choice a family fixes is checked, and a model with no exact counterpart is refused
   with a one-line ``ValueError`` naming the field; nothing is approximated.
 - On import, ``model_type`` picks the family; each reads its own keys (``llama.py``,
-  ``qwen3.py``, ``llama4.py``, ``phi3.py``, ``gpt2.py``), the rules they share live in ``family.py`` and
-  RoPE's keys in ``rope_params.py``.
+  ``qwen3.py``, ``ministral.py``, ``llama4.py``, ``phi3.py``, ``gpt2.py``), the rules they share
+  live in ``family.py`` and RoPE's keys in ``rope_params.py``.
 """
 
 from __future__ import annotations
@@ -23,11 +24,12 @@ from nanoattn.hf.family import Family
 from nanoattn.hf.gpt2 import GPT2
 from nanoattn.hf.llama import LLAMA
 from nanoattn.hf.llama4 import LLAMA4
+from nanoattn.hf.ministral import MINISTRAL
 from nanoattn.hf.phi3 import PHI3
 from nanoattn.hf.qwen3 import QWEN3
 from nanoattn.hf.rope_params import HF_ROPE_TYPES
 
-FAMILIES = (LLAMA, QWEN3, PHI3, LLAMA4, GPT2)
+FAMILIES = (LLAMA, QWEN3, MINISTRAL, PHI3, LLAMA4, GPT2)
 
 
 def family_for(cfg: ModelConfig) -> Family:

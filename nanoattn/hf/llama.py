@@ -92,7 +92,8 @@ def whole_head_rope(cfg: ModelConfig) -> bool:
 
 
 def _selects(cfg: ModelConfig) -> bool:
-    return whole_head_rope(cfg) and cfg.qk_norm == "none"  # with QK-norm: Qwen 3 (qwen3.py)
+    # With QK-norm: Qwen 3 (qwen3.py); with sliding windows: Ministral (ministral.py).
+    return whole_head_rope(cfg) and cfg.qk_norm == "none" and cfg.sliding_window is None
 
 
 LLAMA = Family("Llama", "llama", "LlamaForCausalLM", "pos='rope'", _selects,

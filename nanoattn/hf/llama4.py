@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from nanoattn.config import ModelConfig
-from nanoattn.hf.family import PLAIN_ATTENTION, Family, Rule, interleaved_order, required
+from nanoattn.hf.family import PLAIN_ATTENTION, Family, Rule, interleaved_order, required, shortest_cycle
 from nanoattn.hf.llama import check_silu, head_sizes, llama_rules
 from nanoattn.hf.rope_params import rope_from_hf, rope_to_hf
 
@@ -62,14 +62,6 @@ def _to_config(cfg: ModelConfig) -> dict[str, Any]:
         "attention_bias": False, "attention_dropout": cfg.dropout,
         "tie_word_embeddings": cfg.tie_embeddings, "initializer_range": cfg.init_std,
     }
-
-
-def _shortest_cycle(kinds: list[str]) -> str | list[str]:
-    """The shortest list that, cycled, gives ``kinds`` (one name when uniform): how a config wrote it."""
-    for period in range(1, len(kinds) + 1):
-        if all(kind == kinds[i % period] for i, kind in enumerate(kinds)):
-            return kinds[0] if period == 1 else kinds[:period]
-    return kinds  # not reached: the full list is its own cycle
 
 
 def _layer_kinds(hf: Mapping[str, Any], n_layer: int, where: str) -> list[str]:
@@ -121,7 +113,7 @@ def _from_config(hf: Mapping[str, Any], where: str) -> dict[str, Any]:
     return dict(vocab_size=required(hf, "vocab_size", where), d_model=d_model, n_layer=n_layer,
                 n_head=n_head, n_kv_head=hf.get("num_key_value_heads") or n_head,
                 d_ff=required(hf, "intermediate_size_mlp", where), max_seq_len=max_len,
-                pos=_shortest_cycle(kinds), **rope,
+                pos=shortest_cycle(kinds), **rope,
                 temperature_floor_scale=hf.get("floor_scale", _FLOOR_SCALE_DEFAULT) if tuning else None,
                 temperature_attn_scale=hf.get("attn_scale", 0.1), norm="rmsnorm",
                 norm_eps=hf.get("rms_norm_eps", 1e-5), mlp="swiglu", bias=False,

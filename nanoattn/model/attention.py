@@ -14,10 +14,12 @@ Design:
 - The slow path (``return_weights=True``) computes softmax(QK^T/sqrt(d) + bias) explicitly and
   returns the weights for analysis; tests check it equals the fast path.
 - Variants are small named pieces: ``QKNorm`` (RMSNorm of each query and key head, before or
-  after the rotation) and the score soft-cap ``cap * tanh(s / cap)`` (Gemma 2). SDPA cannot cap
-  its scores, so a capped model takes the explicit computation in the same query chunks as the
-  bias path: memory stays linear in T. The cap acts on q.k/sqrt(d) only, before an encoding's
-  bias is added, so an ALiBi or T5 bias keeps its full range.
+  after the rotation), the score soft-cap ``cap * tanh(s / cap)`` (Gemma 2) and a sliding window
+  (a query sees itself and the ``window - 1`` keys before it). SDPA cannot cap its scores, so a
+  capped model takes the explicit computation in the same query chunks as the bias path: memory
+  stays linear in T. The cap acts on q.k/sqrt(d) only, before an encoding's bias is added, so an
+  ALiBi or T5 bias keeps its full range. A windowed layer's chunks start at their first query's
+  window, so its work is O(T * window), and its KV cache rolls (``cache.py``).
 - The positional encoding is the layer's own (``GPT`` hands it ``pos.for_layer(layer)``) and is
   asked for what it does (``rotate``, ``scale_queries``, ``scale_keys``, ``bias``); this module
   never branches on its name.
@@ -61,7 +63,7 @@ class QKNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg) -> None:
+    def __init__(self, cfg, layer: int = 0) -> None:
         super().__init__()
         self.n_head, self.n_kv_head, self.head_dim = cfg.n_head, cfg.n_kv_head, cfg.head_dim
         kv_width = cfg.n_kv_head * cfg.head_dim
@@ -71,6 +73,7 @@ class Attention(nn.Module):
         self.qk_norm_at = cfg.qk_norm  # none | before_rope | after_rope
         self.qk_norm = QKNorm(cfg) if cfg.qk_norm != "none" else None
         self.score_cap = cfg.attn_softcap
+        self.window = cfg.layer_window[layer]  # None: every earlier key
 
     def forward(
         self,
@@ -122,7 +125,7 @@ class Attention(nn.Module):
         Tk = k.shape[2]
         options = dict(enable_gqa=self.n_kv_head != self.n_head,
                        dropout_p=self.dropout if self.training else 0.0)
-        if not pos.adds_bias and self.score_cap is None:
+        if not pos.adds_bias and self.score_cap is None and (self.window is None or Tk <= self.window):
             if Tq == Tk:
                 return F.scaled_dot_product_attention(q, k, v, is_causal=True, **options)
             if Tq == 1:  # one new token after the cache: it sees every cached key
@@ -136,10 +139,12 @@ class Attention(nn.Module):
         for start in range(0, Tq, chunk):
             stop = min(start + chunk, Tq)
             # Queries and keys end at the same (newest) position, so this chunk's queries see only
-            # the first Tk - Tq + stop keys: the later ones, fully masked, are never computed.
+            # the first Tk - Tq + stop keys: the later ones, fully masked, are never computed; with a
+            # window, neither are the keys before the first query's window.
             keys = Tk - Tq + stop
-            q_chunk, k_chunk, v_chunk = q[:, :, start:stop], k[:, :, :keys], v[:, :, :keys]
-            mask = self._mask(q_chunk, k_chunk, q_positions[start:stop], k_positions[:keys], pos, layer,
+            first = 0 if self.window is None else max(0, Tk - Tq + start - self.window + 1)
+            q_chunk, k_chunk, v_chunk = q[:, :, start:stop], k[:, :, first:keys], v[:, :, first:keys]
+            mask = self._mask(q_chunk, k_chunk, q_positions[start:stop], k_positions[first:keys], pos, layer,
                               q.dtype if self.score_cap is None else torch.float32)
             if self.score_cap is None:
                 outputs.append(F.scaled_dot_product_attention(q_chunk, k_chunk, v_chunk, attn_mask=mask,
@@ -148,10 +153,10 @@ class Attention(nn.Module):
                 outputs.append(self._attend_explicit(q_chunk, k_chunk, v_chunk, mask)[0])
         return torch.cat(outputs, dim=2)
 
-    @staticmethod
-    def _mask(q, k, q_positions, k_positions, pos, layer, dtype) -> torch.Tensor:
-        """Causal mask plus the encoding's bias: bool [Tq, Tk] or additive [(B,) H, Tq, Tk]."""
-        allowed = k_positions[None, :] <= q_positions[:, None]  # [Tq, Tk]
+    def _mask(self, q, k, q_positions, k_positions, pos, layer, dtype) -> torch.Tensor:
+        """Causal (and window) mask plus the encoding's bias: bool [Tq, Tk] or additive [(B,) H, Tq, Tk]."""
+        offset = q_positions[:, None] - k_positions[None, :]  # [Tq, Tk]: how far back each key is
+        allowed = offset >= 0 if self.window is None else (offset >= 0) & (offset < self.window)
         bias = pos.bias(q, k, q_positions, k_positions, layer)
         if bias is None:
             return allowed

@@ -27,10 +27,10 @@ IGNORE_INDEX = -100
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, layer: int) -> None:
         super().__init__()
         self.attn_norm = make_norm(cfg)
-        self.attn = Attention(cfg)
+        self.attn = Attention(cfg, layer)
         self.mlp_norm = make_norm(cfg)
         self.mlp = make_mlp(cfg)
         self.dropout = cfg.dropout
@@ -48,7 +48,7 @@ class GPT(nn.Module):
         self.cfg = cfg
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.pos = build_positional(cfg)
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
+        self.blocks = nn.ModuleList(Block(cfg, layer) for layer in range(cfg.n_layer))
         self.norm = make_norm(cfg)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
@@ -151,8 +151,10 @@ class GPT(nn.Module):
         """Training FLOPs per token (forward + backward), PaLM's estimate (Chowdhery et al. 2022, B).
 
         6 x matmul weights (the LM head included, embedding lookups not) plus the attention
-        score and value products, 12 * n_layer * n_head * head_dim * seq_len (full, not causal).
+        score and value products, 12 * n_head * head_dim * keys per layer (full, not causal): keys
+        is seq_len, or the window of a sliding-window layer when shorter.
         """
         cfg = self.cfg
         matmul_params = sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Linear))
-        return 6 * matmul_params + 12 * cfg.n_layer * cfg.n_head * cfg.head_dim * seq_len
+        keys = sum(seq_len if window is None else min(seq_len, window) for window in cfg.layer_window)
+        return 6 * matmul_params + 12 * cfg.n_head * cfg.head_dim * keys

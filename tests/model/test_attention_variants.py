@@ -1,8 +1,10 @@
-"""Attention variants: QK-norm (before or after the rotation) and soft-capping (scores, logits).
+"""Attention variants: QK-norm (before or after the rotation), soft-capping (scores, logits) and
+sliding windows with a rolling KV cache.
 
 References: the formulas written out by hand, an explicit whole-matrix attention for the chunked
-capped path, and transformers' Gemma 2 attention (eager) for the capped scores. Cached decoding
-is in test_generate.py, the Qwen 3 export (QK-norm before RoPE) in test_hf_families.py.
+capped and windowed paths, and transformers' Gemma 2 attention (eager) for the capped scores.
+Cached decoding is in test_generate.py, the Qwen 3 (QK-norm) and Ministral (sliding windows)
+exports in test_hf_families.py.
 """
 
 import math
@@ -13,7 +15,8 @@ from transformers import Gemma2Config
 from transformers.models.gemma2.modeling_gemma2 import Gemma2Attention, Gemma2RotaryEmbedding
 from variants import VARIANTS
 
-from nanoattn import GPT, ModelConfig
+from nanoattn import GPT, KVCache, ModelConfig, generate
+from nanoattn.generate import Decoding
 from nanoattn.model import Attention
 from nanoattn.model import attention as attention_module
 from nanoattn.model.attention import QKNorm, softcap
@@ -79,30 +82,39 @@ def test_qk_norm_bounds_the_scores_by_the_gains():
     torch.testing.assert_close(before[0], after[0], atol=1e-5, rtol=1e-4)
 
 
-def reference_capped(q, k, v, cap, bias=None):
-    """softmax(cap * tanh(q.k / sqrt(d) / cap) + bias, causal) @ v, K/V repeated per group."""
+def reference(q, k, v, *, cap=None, window=None, bias=None):
+    """softmax(cap * tanh(q.k / sqrt(d) / cap) + bias) @ v over the keys j with 0 <= i - j < window,
+    K/V repeated per group."""
     groups = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-    scores = cap * torch.tanh(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]) / cap)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if cap is not None:
+        scores = cap * torch.tanh(scores / cap)
     if bias is not None:
         scores = scores + bias
-    T = q.shape[2]
-    scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
-    return torch.softmax(scores, dim=-1) @ v
+    i, j = torch.arange(q.shape[2])[:, None], torch.arange(k.shape[2])[None, :]
+    hidden = (j > i) if window is None else (j > i) | (i - j >= window)
+    return torch.softmax(scores.masked_fill(hidden, float("-inf")), dim=-1) @ v
 
 
-@pytest.mark.parametrize("pos", ["rope", "alibi"])
+@pytest.mark.parametrize("pos", ["rope", "alibi", "cope"])
 @pytest.mark.parametrize("n_kv_head", [4, 2, 1])
-def test_capped_attention_in_query_chunks_equals_the_formula(monkeypatch, pos, n_kv_head):
+@pytest.mark.parametrize("variant", [dict(attn_softcap=1.5), dict(sliding_window=6),
+                                     dict(sliding_window=6, attn_softcap=1.5)], ids=["cap", "window", "both"])
+def test_capped_and_windowed_attention_in_query_chunks_equal_the_formula(monkeypatch, pos, n_kv_head,
+                                                                        variant):
     monkeypatch.setattr(attention_module, "MASK_CHUNK_ELEMENTS", 2 * 4 * 7 * 40)  # 7 queries a chunk
-    cfg = ModelConfig(d_model=32, n_head=4, n_kv_head=n_kv_head, pos=pos, attn_softcap=1.5)
+    cfg = ModelConfig(d_model=32, n_head=4, n_kv_head=n_kv_head, pos=pos, **variant)
     attn, pe = Attention(cfg), build_positional(cfg)
     q = torch.randn(2, 4, 40, 8) * 3  # scores well into tanh's curve
     k, v = torch.randn(2, n_kv_head, 40, 8), torch.randn(2, n_kv_head, 40, 8)
     positions = torch.arange(40)
-    bias = pe.bias(q, k, positions, positions, 0)  # None for RoPE
-    torch.testing.assert_close(attn._attend(q, k, v, positions, positions, pe, 0),
-                               reference_capped(q, k, v, 1.5, bias), atol=1e-5, rtol=1e-5)
+    # The bias over all keys (None for RoPE); CoPE's counts only sum gates between key and query.
+    bias = pe.bias(q, k, positions, positions, 0)
+    expected = reference(q, k, v, cap=variant.get("attn_softcap"), window=variant.get("sliding_window"),
+                         bias=bias)
+    torch.testing.assert_close(attn._attend(q, k, v, positions, positions, pe, 0), expected,
+                               atol=1e-5, rtol=1e-5)
 
 
 def test_capped_attention_stays_within_one_chunk_at_a_long_length(monkeypatch):
@@ -121,6 +133,54 @@ def test_capped_attention_stays_within_one_chunk_at_a_long_length(monkeypatch):
         GPT(cfg).eval()(torch.randint(0, 50, (1, 1024)))
     assert max(built) <= 1 << 16  # the whole [4 heads, 1024, 1024] score matrix would be 64x that
     assert len(built) == 1024 // ((1 << 16) // (4 * 1024))
+
+
+def test_a_windowed_layer_computes_only_keys_inside_its_chunks_windows(monkeypatch):
+    built = []
+    original = attention_module.Attention._mask
+
+    def spy(self, q, k, *args):
+        built.append((q.shape[2], k.shape[2]))
+        return original(self, q, k, *args)
+
+    monkeypatch.setattr(attention_module.Attention, "_mask", spy)
+    monkeypatch.setattr(attention_module, "MASK_CHUNK_ELEMENTS", 1 << 16)
+    cfg = ModelConfig(vocab_size=50, d_model=32, n_layer=1, n_head=4, sliding_window=64)
+    with torch.no_grad():
+        GPT(cfg).eval()(torch.randint(0, 50, (1, 1024)))
+    # Chunks of 16 queries (1 << 16 / (4 heads x 1024 keys)), each over its own 16 keys and the 63
+    # before them: 79 of the 1,024, so the layer's work is O(T x window).
+    assert built[0] == (16, 16) and set(built[4:]) == {(16, 79)}
+
+
+def test_a_window_covering_the_sequence_is_the_global_model():
+    torch.manual_seed(0)
+    fields = dict(vocab_size=50, d_model=32, n_layer=2, n_head=4, n_kv_head=2, pos="alibi")
+    plain = GPT(ModelConfig(**fields)).eval()
+    windowed = GPT(ModelConfig(**fields, sliding_window=[24, 30])).eval()
+    windowed.load_state_dict(plain.state_dict())
+    idx = torch.randint(0, 50, (2, 24))
+    with torch.no_grad():
+        torch.testing.assert_close(windowed(idx), plain(idx))
+        assert (GPT(ModelConfig(**fields, sliding_window=8)).eval()(idx) - plain(idx)).abs().max() > 1e-3
+
+
+def test_a_16x_stream_through_local_layers_holds_only_their_windows():
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=64, d_model=32, n_layer=3, n_head=4, n_kv_head=2, max_seq_len=16,
+                      sliding_window=[8, 8, None], init_std=0.1)
+    model = GPT(cfg).eval()
+    idx = torch.randint(0, 64, (2, 5))
+    n = 16 * 16 - 5  # a 256-token stream
+    decoding = Decoding(model, idx, n, temperature=0)
+    for _ in decoding:
+        pass
+    slot_bytes = 2 * 2 * cfg.head_dim * 4  # B x n_kv_head x head_dim float32
+    assert [k.shape[2] for k in decoding.cache.k] == [7, 7, 256]  # window - 1 for the local layers
+    assert decoding.cache.nbytes == 2 * slot_bytes * (7 + 7 + 256)  # K and V
+    assert torch.equal(decoding.idx, generate(model, idx, n, temperature=0, use_cache=False))
+    local = KVCache(ModelConfig(**{**cfg.to_dict(), "sliding_window": 8}), 2, 100_000)
+    assert local.nbytes == 2 * slot_bytes * 7 * 3  # all-local: nothing grows with the capacity
 
 
 @pytest.mark.parametrize("n_kv_head", [4, 2, 1])
@@ -194,6 +254,10 @@ def test_a_variant_model_learns_and_its_maps_are_distributions(variant):
     ("attn_softcap", float("inf"), "attn_softcap=inf"),
     ("logit_softcap", "x", "model.logit_softcap='x' is invalid"),
     ("logit_softcap", -30.0, "must be a positive finite number"),
+    ("sliding_window", 0, "model.sliding_window=0 is invalid: each window must be a positive integer"),
+    ("sliding_window", [64, "x"], r"model.sliding_window=\[64, 'x'\] is invalid"),
+    ("sliding_window", [8, 8, 8, 8, 8], "must be null, a window or a list of 1 to n_layer=4 windows"),
+    ("sliding_window", 2.5, "model.sliding_window=2.5 is invalid"),
 ])
 def test_bad_variant_settings_are_one_line_errors(field, value, message):
     with pytest.raises(ValueError, match=message.replace("|", r"\|")) as info:
