@@ -50,7 +50,8 @@ def tiny(pos: str = "rope", n_kv_head: int = 2, rope_scaling=None, vocab_size: i
                       max_seq_len=MAX_SEQ_LEN, rope_scaling=rope_scaling, init_std=0.1, **layout, **variant)
     model = GPT(cfg).eval()
     with torch.no_grad():  # what starts neutral (learned table, sinusoid amplitude, norm gains) must act
-        for p in [*model.pos.parameters(), *(p for name, p in model.named_parameters() if "qk_norm" in name)]:
+        for p in [*model.pos.parameters(), *(p for name, p in model.named_parameters()
+                                             if "qk_norm" in name or "sinks" in name)]:
             p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(2)) * 0.1)
     return model
 

@@ -29,6 +29,7 @@ from transformers import (
     Qwen3Config,
     Qwen3ForCausalLM,
 )
+from variants import VARIANTS
 
 from nanoattn import GPT, ModelConfig, generate
 from nanoattn.hf import export_hf, import_hf
@@ -392,6 +393,19 @@ def test_export_refuses_layouts_that_are_not_rope_and_nope(tmp_path, name):
     assert message.startswith(f"model.pos={fields['pos']!r} has no transformers counterpart; export supports")
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_every_attention_variant_exports_exactly_or_is_refused(tmp_path, variant):
+    """Iterated at test time like the encodings above: a new variant cannot export as a model that
+    silently computes something else."""
+    ours = model(**BASE, **VARIANTS[variant])
+    try:
+        path = export_hf(ours, tmp_path / "hf")
+    except ValueError as error:
+        assert "\n" not in str(error) and str(error).startswith("model.")
+        return
+    assert logits_diff(ours, load_transformers(path)) < ATOL
+
+
 @pytest.mark.parametrize("fields, message", [
     (dict(BASE, rope_p=0.5, rope_scaling={"type": "yarn", "factor": 4.0}),
      "model.rope_p=0.5 with rope_scaling type 'yarn' has no transformers counterpart: p-RoPE exports as"),
@@ -425,6 +439,9 @@ def test_export_refuses_layouts_that_are_not_rope_and_nope(tmp_path, name):
     (dict(BASE, sliding_window=8, bias=True),
      "model.bias=True has no counterpart in transformers' Ministral format"),
     (dict(QWEN3, sliding_window=8), "model.sliding_window=8 has no counterpart in transformers' Qwen 3"),
+    (dict(BASE, attn_sinks=True), "model.attn_sinks=True has no counterpart in transformers' Llama format"),
+    (dict(BASE, sliding_window=8, attn_sinks=True),
+     "model.attn_sinks=True has no counterpart in transformers' Ministral"),
     (dict(IROPE, sliding_window=8), "model.sliding_window=8 has no counterpart in transformers' Llama 4"),
 ])
 def test_export_refuses_fields_without_a_counterpart(tmp_path, fields, message):

@@ -7,5 +7,6 @@ VARIANTS = {
     "qk_norm_after_rope": dict(qk_norm="after_rope"),
     "attn_softcap": dict(attn_softcap=1.5),
     "logit_softcap": dict(logit_softcap=1.5),
+    "attn_sinks": dict(attn_sinks=True),
     "sliding_window": dict(sliding_window=[6, None]),  # a local layer of window 6, then a global one
 }

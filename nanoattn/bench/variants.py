@@ -4,7 +4,8 @@ training tokens/s, side by side.
 - ``encodings``: every registered encoding, plus a RoPE/NoPE interleaving (a per-layer layout, as
   Llama 4's iRoPE and SmolLM3 use; 1:1 so it fits any depth >= 2), as a ratio to RoPE's.
 - ``attention``: the plain block and each attention variant (QK-norm before and after RoPE, score
-  and logit soft-capping at Gemma 2's caps, a 64-token sliding window in every layer), as a ratio
+  and logit soft-capping at Gemma 2's caps, learned sinks, a 64-token sliding window in every
+  layer), as a ratio
   to the plain block's.
 - Each model is the config's shape with random weights, trained through
   ``nanoattn.train.step.optimizer_step`` (the update the training loop runs), one repetition of
@@ -39,6 +40,7 @@ BENCH_ATTENTION: dict[str, dict[str, Any]] = {
     "qk_norm after_rope": dict(qk_norm="after_rope"),
     "attn_softcap 50": dict(attn_softcap=50.0),
     "logit_softcap 30": dict(logit_softcap=30.0),
+    "attn_sinks": dict(attn_sinks=True),
     "sliding_window 64": dict(sliding_window=64),  # every layer local: the chunked mask path
 }
 

@@ -16,7 +16,15 @@ from typing import Any
 
 from nanoattn.positional import REGISTRY
 from nanoattn.positional.rope_scaling import normalize_rope_scaling
-from nanoattn.validation import as_float, check_choice, check_positive_int, fail, from_dict, is_int
+from nanoattn.validation import (
+    as_float,
+    check_bool,
+    check_choice,
+    check_positive_int,
+    fail,
+    from_dict,
+    is_int,
+)
 
 NORMS = ("layernorm", "rmsnorm")
 MLPS = ("gelu", "swiglu")
@@ -55,6 +63,7 @@ class ModelConfig:
     # Sliding-window attention: None (every earlier token), a window W (each query sees itself and the
     # W - 1 tokens before it, as Mistral), or a list cycled over the layers ([64, 64, 64, null]).
     sliding_window: Any = None
+    attn_sinks: bool = False  # gpt-oss: a learned logit per head that takes softmax mass and no value
     attn_softcap: float | None = None  # Gemma 2: scores q.k/sqrt(d) -> cap * tanh(scores / cap) (50.0)
     logit_softcap: float | None = None  # Gemma 2: output logits -> cap * tanh(logits / cap) (30.0)
     norm: str = "rmsnorm"  # layernorm | rmsnorm
@@ -80,6 +89,7 @@ class ModelConfig:
         self._check_pos()
         check_choice(own, "norm", self.norm, NORMS)
         check_choice(own, "qk_norm", self.qk_norm, QK_NORMS)
+        check_bool(own, "attn_sinks", self.attn_sinks)
         self._check_sliding_window()
         for name in ("attn_softcap", "logit_softcap"):
             value = getattr(self, name)

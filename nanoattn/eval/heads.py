@@ -54,7 +54,7 @@ BROAD_MIN_ENTROPY = 0.6
 KINDS = ("first_token", "previous_token", "current_token", "delimiter", "local", "broad", "mixed")
 PRUNE_SCOPES = ("global", "layer")
 STATISTICS = ("entropy", "normalized_entropy", "mean_offset", "prev_token_mass", "first_token_mass",
-              "current_token_mass", "delimiter_mass")
+              "current_token_mass", "delimiter_mass", "sink_mass")
 
 Batch = tuple[torch.Tensor, torch.Tensor]  # (x, y), each int64 [B, T]
 
@@ -143,13 +143,15 @@ def query_statistics(weights: torch.Tensor, is_delimiter: torch.Tensor) -> dict[
         "first_token_mass": weights[..., q, 0],
         "current_token_mass": torch.diagonal(weights, dim1=-2, dim2=-1)[..., q],
         "delimiter_mass": (weights * is_delimiter[:, None, None, :]).sum(-1)[..., q],
+        # What a learned sink took (attn_sinks): the weights then sum to less than 1. 0 without sinks.
+        "sink_mass": (1 - weights.sum(-1)).clamp(min=0)[..., q],
     }
 
 
 def classify_head(stats: Mapping[str, float]) -> str:
     """A head's kind from its statistics; the first rule that matches wins (thresholds above)."""
-    for kind, mass in (("first_token", "first_token_mass"), ("previous_token", "prev_token_mass"),
-                       ("current_token", "current_token_mass")):
+    for kind, mass in (("sink", "sink_mass"), ("first_token", "first_token_mass"),
+                       ("previous_token", "prev_token_mass"), ("current_token", "current_token_mass")):
         if stats[mass] >= POSITIONAL_MASS:
             return kind
     if stats["delimiter_mass"] >= DELIMITER_MASS:

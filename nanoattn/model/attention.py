@@ -14,12 +14,14 @@ Design:
 - The slow path (``return_weights=True``) computes softmax(QK^T/sqrt(d) + bias) explicitly and
   returns the weights for analysis; tests check it equals the fast path.
 - Variants are small named pieces: ``QKNorm`` (RMSNorm of each query and key head, before or
-  after the rotation), the score soft-cap ``cap * tanh(s / cap)`` (Gemma 2) and a sliding window
-  (a query sees itself and the ``window - 1`` keys before it). SDPA cannot cap its scores, so a
-  capped model takes the explicit computation in the same query chunks as the bias path: memory
-  stays linear in T. The cap acts on q.k/sqrt(d) only, before an encoding's bias is added, so an
-  ALiBi or T5 bias keeps its full range. A windowed layer's chunks start at their first query's
-  window, so its work is O(T * window), and its KV cache rolls (``cache.py``).
+  after the rotation), the score soft-cap ``cap * tanh(s / cap)`` (Gemma 2), learned sinks (one
+  logit per head joins every softmax and takes mass without a value: gpt-oss) and a sliding window
+  (a query sees itself and the ``window - 1`` keys before it). SDPA can neither cap its scores nor
+  add a column without a value, so those models take the explicit computation in the same query
+  chunks as the bias path: memory stays linear in T. The cap acts on q.k/sqrt(d) only, before an
+  encoding's bias is added, so an ALiBi or T5 bias keeps its full range. A windowed layer's
+  chunks start at their first query's window, so its work is O(T * window), and its KV cache
+  rolls (``cache.py``).
 - The positional encoding is the layer's own (``GPT`` hands it ``pos.for_layer(layer)``) and is
   asked for what it does (``rotate``, ``scale_queries``, ``scale_keys``, ``bias``); this module
   never branches on its name.
@@ -73,6 +75,9 @@ class Attention(nn.Module):
         self.qk_norm_at = cfg.qk_norm  # none | before_rope | after_rope
         self.qk_norm = QKNorm(cfg) if cfg.qk_norm != "none" else None
         self.score_cap = cfg.attn_softcap
+        # gpt-oss's sinks, from zero: one extra key of score 0 (transformers draws them N(0, 0.02)).
+        self.sinks = nn.Parameter(torch.zeros(cfg.n_head)) if cfg.attn_sinks else None
+        self.explicit = self.score_cap is not None or self.sinks is not None  # SDPA cannot compute them
         self.window = cfg.layer_window[layer]  # None: every earlier key
 
     def forward(
@@ -125,7 +130,7 @@ class Attention(nn.Module):
         Tk = k.shape[2]
         options = dict(enable_gqa=self.n_kv_head != self.n_head,
                        dropout_p=self.dropout if self.training else 0.0)
-        if not pos.adds_bias and self.score_cap is None and (self.window is None or Tk <= self.window):
+        if not pos.adds_bias and not self.explicit and (self.window is None or Tk <= self.window):
             if Tq == Tk:
                 return F.scaled_dot_product_attention(q, k, v, is_causal=True, **options)
             if Tq == 1:  # one new token after the cache: it sees every cached key
@@ -145,8 +150,8 @@ class Attention(nn.Module):
             first = 0 if self.window is None else max(0, Tk - Tq + start - self.window + 1)
             q_chunk, k_chunk, v_chunk = q[:, :, start:stop], k[:, :, first:keys], v[:, :, first:keys]
             mask = self._mask(q_chunk, k_chunk, q_positions[start:stop], k_positions[first:keys], pos, layer,
-                              q.dtype if self.score_cap is None else torch.float32)
-            if self.score_cap is None:
+                              torch.float32 if self.explicit else q.dtype)
+            if not self.explicit:
                 outputs.append(F.scaled_dot_product_attention(q_chunk, k_chunk, v_chunk, attn_mask=mask,
                                                               **options))
             else:
@@ -166,13 +171,19 @@ class Attention(nn.Module):
         """softmax(softcap(q.k / sqrt(D)) + mask) @ v, returning the weights [B, H, Tq, Tk] as well.
 
         Each K/V head's query heads are stacked as rows of one matmul, so K/V are never repeated.
+        With sinks, each head's sink logit is one more column of the softmax, dropped after it: the
+        weights then sum to 1 - the sink's mass.
         """
         B, H, Tq, D = q.shape
         Hkv, Tk = k.shape[1], k.shape[2]
         scores = q.reshape(B, Hkv, -1, D) @ k.transpose(-2, -1)  # [B, Hkv, H / Hkv * Tq, Tk]
         scores = softcap(scores.view(B, H, Tq, Tk).float() / math.sqrt(D), self.score_cap)
         scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
-        weights = torch.softmax(scores, dim=-1)
+        if self.sinks is None:
+            weights = torch.softmax(scores, dim=-1)
+        else:
+            sinks = self.sinks.float().view(1, H, 1, 1).expand(B, H, Tq, 1)
+            weights = torch.softmax(torch.cat([scores, sinks], dim=-1), dim=-1)[..., :-1]
         kept = dropout(weights, self.dropout, self.training).to(v.dtype)
         y = kept.view(B, Hkv, -1, Tk) @ v  # [B, Hkv, H / Hkv * Tq, D]
         return y.view(B, H, Tq, D), weights

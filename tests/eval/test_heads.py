@@ -44,6 +44,7 @@ from nanoattn.eval.heads import (
     mean_loss,
     prune_heads,
     pruning_curve,
+    query_statistics,
 )
 from nanoattn.eval.plots import plot_attention_grid, plot_attention_head
 from nanoattn.eval.runs import load_for_eval, run_data_dir
@@ -92,14 +93,14 @@ def test_attention_maps_of_the_variants_equal_their_fast_path(monkeypatch, varia
     model = small_model(LAYOUTS[layout], init_std=0.2, **VARIANTS[variant])
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if "qk_norm" in name:  # gains off 1, so the norm's placement matters
+            if "qk_norm" in name or "sinks" in name:  # gains off 1, sinks off 0: they must act
                 p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(1)) * 0.3)
     check_maps(model)
 
 
 def check_maps(model: GPT) -> None:
     """The slow path's logits equal the fast path's, with and without a head mask; its weights are
-    causal distributions."""
+    causal distributions, less what learned sinks took (their statistic is the rest)."""
     idx = torch.randint(0, 50, (2, 24))
     mask = torch.tensor([[1.0, 0.0, 0.5, 1.0], [0.0, 1.0, 1.0, 2.0]])
     for head_mask in (None, mask):
@@ -109,7 +110,13 @@ def check_maps(model: GPT) -> None:
         torch.testing.assert_close(slow, fast, atol=1e-5, rtol=1e-5)
         for w in weights:
             assert w.shape == (2, 4, 24, 24)
-            torch.testing.assert_close(w.sum(-1), torch.ones(2, 4, 24))
+            if model.cfg.attn_sinks:
+                sink = query_statistics(w, torch.zeros(2, 24, dtype=torch.bool))["sink_mass"]
+                assert (sink > 0).all() and sink.mean() > 0.01  # the perturbed sinks take a share
+                torch.testing.assert_close(w.sum(-1)[..., FIRST_QUERY:] + sink,
+                                           torch.ones(2, 4, 24 - FIRST_QUERY))
+            else:
+                torch.testing.assert_close(w.sum(-1), torch.ones(2, 4, 24))
             assert (w.triu(1) == 0).all()  # causal
 
 
@@ -185,7 +192,7 @@ def test_hand_built_heads_are_classified_and_match_closed_forms():
 
 def test_kind_rules_and_their_thresholds():
     base = dict(first_token_mass=0.1, prev_token_mass=0.1, current_token_mass=0.1, delimiter_mass=0.2,
-                mean_offset=20.0, normalized_entropy=0.9)
+                mean_offset=20.0, normalized_entropy=0.9, sink_mass=0.0)
     assert classify_head(base) == "broad"
     assert classify_head({**base, "normalized_entropy": BROAD_MIN_ENTROPY - 0.01}) == "mixed"
     assert classify_head({**base, "mean_offset": LOCAL_MAX_OFFSET}) == "local"
@@ -194,6 +201,7 @@ def test_kind_rules_and_their_thresholds():
     previous = {**base, "prev_token_mass": POSITIONAL_MASS, "delimiter_mass": 0.9}  # position wins
     assert classify_head(previous) == "previous_token"
     assert classify_head({**base, "first_token_mass": 0.8, "mean_offset": 1.0}) == "first_token"
+    assert classify_head({**base, "sink_mass": POSITIONAL_MASS, "first_token_mass": 0.4}) == "sink"
 
 
 @pytest.mark.parametrize("kind", ["bpe", "char", "byte"])

@@ -127,7 +127,7 @@ def test_attention_never_builds_a_heads_by_t_by_t_mask(monkeypatch, pos):
         built.append(mask.numel())
         return mask
 
-    monkeypatch.setattr(attention.Attention, "_mask", staticmethod(spy))
+    monkeypatch.setattr(attention.Attention, "_mask", spy)
     tokens = torch.randint(0, VOCAB, (length + 1,), generator=torch.Generator().manual_seed(5))
     model = tiny_model(pos)
     score_length(model, tokens, length)

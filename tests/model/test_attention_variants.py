@@ -11,8 +11,9 @@ import math
 
 import pytest
 import torch
-from transformers import Gemma2Config
+from transformers import Gemma2Config, GptOssConfig
 from transformers.models.gemma2.modeling_gemma2 import Gemma2Attention, Gemma2RotaryEmbedding
+from transformers.models.gpt_oss.modeling_gpt_oss import GptOssAttention, GptOssRotaryEmbedding
 from variants import VARIANTS
 
 from nanoattn import GPT, KVCache, ModelConfig, generate
@@ -183,6 +184,43 @@ def test_a_16x_stream_through_local_layers_holds_only_their_windows():
     assert local.nbytes == 2 * slot_bytes * 7 * 3  # all-local: nothing grows with the capacity
 
 
+def copy_projections(ours: Attention, theirs, n_kv_head: int, head_dim: int = 16) -> None:
+    """Our fused QKV rows and output projection into transformers' q/k/v/o_proj."""
+    width = n_kv_head * head_dim
+    q_w, k_w, v_w = ours.qkv.weight.split([ours.qkv.weight.shape[0] - 2 * width, width, width])
+    pairs = ((theirs.q_proj, q_w), (theirs.k_proj, k_w), (theirs.v_proj, v_w),
+             (theirs.o_proj, ours.proj.weight))
+    with torch.no_grad():
+        for proj, w in pairs:
+            proj.weight.copy_(w)
+
+
+@pytest.mark.parametrize("n_kv_head", [4, 2, 1])
+def test_sink_attention_equals_transformers_gpt_oss_eager(n_kv_head):
+    torch.manual_seed(0)
+    T = 24
+    ours_cfg = ModelConfig(d_model=64, n_head=4, n_kv_head=n_kv_head, max_seq_len=T, attn_sinks=True)
+    ours = Attention(ours_cfg).eval()
+    hf_cfg = GptOssConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=n_kv_head, head_dim=16,
+                          attention_bias=False, num_hidden_layers=1, layer_types=["full_attention"],
+                          max_position_embeddings=T,
+                          rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    hf_cfg._attn_implementation = "eager"
+    theirs = GptOssAttention(hf_cfg, layer_idx=0).eval()
+    with torch.no_grad():
+        ours.sinks.copy_(torch.tensor([-1.0, 0.5, 2.0, 4.0]))  # from a small share to most of the mass
+        theirs.sinks.copy_(ours.sinks)
+        copy_projections(ours, theirs, n_kv_head)
+        x = torch.randn(2, T, 64)
+        positions = torch.arange(T)
+        cos_sin = GptOssRotaryEmbedding(hf_cfg)(x, positions[None])
+        causal = torch.full((T, T), float("-inf")).triu(1)[None, None]
+        expected, their_weights = theirs(x, position_embeddings=cos_sin, attention_mask=causal)
+        got, weights = ours(x, build_positional(ours_cfg), positions, T, return_weights=True)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(weights, their_weights, atol=1e-6, rtol=1e-5)  # the sink dropped alike
+
+
 @pytest.mark.parametrize("n_kv_head", [4, 2, 1])
 def test_capped_attention_equals_transformers_gemma2_eager(n_kv_head):
     torch.manual_seed(0)
@@ -194,13 +232,10 @@ def test_capped_attention_equals_transformers_gemma2_eager(n_kv_head):
                           num_hidden_layers=1, layer_types=["full_attention"], max_position_embeddings=T)
     hf_cfg._attn_implementation = "eager"
     theirs = Gemma2Attention(hf_cfg, layer_idx=0).eval()
-    q_w, k_w, v_w = ours.qkv.weight.split([64, 16 * n_kv_head, 16 * n_kv_head])
     with torch.no_grad():
         ours.qkv.weight.mul_(4)  # scores of several units: the cap acts
-        pairs = ((theirs.q_proj, q_w), (theirs.k_proj, k_w), (theirs.v_proj, v_w),
-                 (theirs.o_proj, ours.proj.weight))
-        for proj, w in pairs:
-            proj.weight.copy_(w)
+    copy_projections(ours, theirs, n_kv_head)
+    with torch.no_grad():
         x = torch.randn(2, T, 64)
         positions = torch.arange(T)
         cos_sin = Gemma2RotaryEmbedding(hf_cfg)(x, positions[None])
@@ -244,7 +279,9 @@ def test_a_variant_model_learns_and_its_maps_are_distributions(variant):
     assert losses[-1] < 0.5 * losses[0]
     with torch.no_grad():
         _, maps = model.eval().attention_maps(idx)
-    assert torch.allclose(maps[0].sum(-1), torch.ones(4, 4, 16)) and (maps[0].triu(1) == 0).all()
+    sums = maps[0].sum(-1)  # less than 1 by what the sinks took
+    assert (sums < 1).all() if model.cfg.attn_sinks else torch.allclose(sums, torch.ones(4, 4, 16))
+    assert (maps[0].triu(1) == 0).all()
 
 
 @pytest.mark.parametrize(("field", "value", "message"), [
