@@ -41,7 +41,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from nanoattn.model import GPT, KVCache
+from nanoattn.model import GPT, KVCache, StreamingCache
 from nanoattn.runtime import check_fits
 from nanoattn.validation import check_non_negative_int, fail, is_int
 
@@ -142,6 +142,11 @@ def _eval_mode(model: GPT):
 class Decoding:
     """Decode up to ``max_new_tokens`` after ``idx`` [B, T]; each ``next()`` returns the new tokens [B].
 
+    ``streaming=(n_sink, window)`` decodes with StreamingLLM's cache (``StreamingCache``): the first
+    n_sink tokens and the newest window ones, positions inside the cache, fixed memory for a
+    stream of any length. Tokens are encoded a cache-full at a time until the cache is full, then
+    one at a time, as the paper does.
+
     ``idx`` is the prompt plus what was decoded so far, ``finished`` [B] marks sequences that
     picked a stop token, ``last_logits`` [B, V] float32 are the model's logits of the last step
     (before any penalty or filter), ``kv_cache_bytes`` is the cache's size (0 without one).
@@ -154,6 +159,7 @@ class Decoding:
                  top_k: int | None = None, top_p: float | None = None, min_p: float | None = None,
                  repetition_penalty: float = 1.0, stop_tokens: Iterable[int] | None = None,
                  use_cache: bool = True, sliding_window: bool = False,
+                 streaming: tuple[int, int] | None = None,
                  generator: torch.Generator | None = None, vocab_limit: int | None = None) -> None:
         cfg = model.cfg
         if not isinstance(idx, torch.Tensor) or idx.dim() != 2 or idx.dtype != torch.long or idx.numel() == 0:
@@ -177,10 +183,24 @@ class Decoding:
         # Ids from vocab_limit on (a vocabulary rounded up past the tokenizer's) are never picked.
         self.vocab_limit = cfg.vocab_size if vocab_limit is None else vocab_limit
 
+        if streaming is not None:
+            sizes_ok = isinstance(streaming, Sequence) and len(streaming) == 2 and all(map(is_int, streaming))
+            if not (sizes_ok and streaming[0] >= 0 and streaming[1] >= 1):
+                fail(OWNER, "streaming", streaming, "must be (n_sink, window): integers >= 0 and >= 1, "
+                     "or None")
+            if sliding_window or not use_cache:
+                fail(OWNER, "streaming", streaming, "is a KV cache: it needs use_cache=True and "
+                     "sliding_window=False")
+            if model.pos.acts_on_embeddings:
+                fail(OWNER, "streaming", streaming, f"needs positions inside attention, which the cache can "
+                     f"move; pos={cfg.pos!r} adds them to the embeddings, where cached values keep them")
         B, T = idx.shape
         self.end = T + max_new_tokens
         self.window = cfg.max_seq_len if sliding_window else None
-        if not sliding_window:
+        self.streaming = streaming
+        if streaming is not None:  # positions are cache slots: they stay below n_sink + window
+            model.pos.check_length(sum(streaming))
+        elif not sliding_window:
             try:
                 model.pos.check_length(self.end)
             except ValueError as e:
@@ -202,8 +222,13 @@ class Decoding:
         self.filled_at = T  # the sequence length the cache's oldest entries were computed at
         # The cache only serves steps whose whole context fits the window; later ones re-encode.
         capacity = self.end if self.window is None else min(self.end, self.window)
-        self.cache = (KVCache(cfg, B, capacity, device=self.device, dtype=compute_dtype(model, self.device))
-                      if use_cache and T <= capacity else None)
+        dtype = compute_dtype(model, self.device)
+        if streaming is not None:
+            self.cache = StreamingCache(cfg, B, *streaming, device=self.device, dtype=dtype)
+        else:
+            self.cache = (KVCache(cfg, B, capacity, device=self.device, dtype=dtype)
+                          if use_cache and T <= capacity else None)
+        self.streamed = 0  # tokens a streaming cache has been fed
 
     @property
     def idx(self) -> torch.Tensor:
@@ -230,6 +255,8 @@ class Decoding:
         return token
 
     def _next_logits(self) -> torch.Tensor:
+        if self.streaming is not None:
+            return self._streamed_logits()
         context = self.idx  # [B, L]
         if self.window is not None and context.shape[1] > self.window:
             return self._last_logits(context[:, -self.window:])
@@ -242,7 +269,17 @@ class Decoding:
         # Everything not yet cached: the whole prompt at the first step, then the last token.
         return self._last_logits(context[:, self.cache.length:], self.cache)
 
-    def _last_logits(self, idx: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+    def _streamed_logits(self) -> torch.Tensor:
+        """Feed the tokens not yet streamed: as many as fit until the cache is full, then one at a time."""
+        while True:
+            size = max(1, self.cache.capacity - self.cache.length)
+            piece = self.tokens[:, self.streamed:min(self.length, self.streamed + size)]
+            logits = self._last_logits(piece, self.cache)
+            self.streamed += piece.shape[1]
+            if self.streamed == self.length:
+                return logits
+
+    def _last_logits(self, idx: torch.Tensor, cache: KVCache | StreamingCache | None = None) -> torch.Tensor:
         hidden, _ = self.model.hidden_states(idx, cache=cache)  # [B, T, d_model]
         return self.model.logits(hidden[:, -1]).float()  # [B, V]: only the last position is needed
 
@@ -263,7 +300,7 @@ class Decoding:
 def generate(model: GPT, idx: torch.Tensor, max_new_tokens: int, *, temperature: float = 1.0,
              top_k: int | None = None, top_p: float | None = None, min_p: float | None = None,
              repetition_penalty: float = 1.0, stop_tokens: Iterable[int] | None = None,
-             use_cache: bool = True, sliding_window: bool = False,
+             use_cache: bool = True, sliding_window: bool = False, streaming: tuple[int, int] | None = None,
              generator: torch.Generator | None = None, vocab_limit: int | None = None) -> torch.Tensor:
     """idx [B, T] -> [B, T + n]: n = max_new_tokens, or fewer when every sequence picked a stop token.
 
@@ -271,8 +308,8 @@ def generate(model: GPT, idx: torch.Tensor, max_new_tokens: int, *, temperature:
     """
     decoding = Decoding(model, idx, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                         min_p=min_p, repetition_penalty=repetition_penalty, stop_tokens=stop_tokens,
-                        use_cache=use_cache, sliding_window=sliding_window, generator=generator,
-                        vocab_limit=vocab_limit)
+                        use_cache=use_cache, sliding_window=sliding_window, streaming=streaming,
+                        generator=generator, vocab_limit=vocab_limit)
     for _ in decoding:
         pass
     return decoding.idx.clone()  # cloned outside inference mode: an ordinary tensor

@@ -20,7 +20,7 @@ from omegaconf import OmegaConf
 from tokenizers import AddedToken, Tokenizer, decoders, models
 
 from nanoattn import GPT, ModelConfig, runtime
-from nanoattn.checkpoint import save_checkpoint
+from nanoattn.checkpoint import load_checkpoint, save_checkpoint
 from nanoattn.commands.sample import SampleConfig, sample, unescape
 from nanoattn.generate import sample_text
 from nanoattn.runtime import autocast_dtype
@@ -133,6 +133,18 @@ def test_past_the_training_length(runs):
         assert err.startswith("decoded ") and "KV cache" in err
     with pytest.raises(ValueError, match="learned position table.*sliding_window=True"):
         in_process(runs, "learned", prompt="ROMEO:", max_new_tokens=MAX_SEQ_LEN)
+
+
+def test_streaming_llm_decodes_a_stream_in_a_fixed_cache(runs):
+    """[n_sink, window] = [2, 6]: 48 new tokens through an 8-token cache, as generate(streaming=...)."""
+    texts, _, err = in_process(runs, prompt="ROMEO:", max_new_tokens=3 * MAX_SEQ_LEN, streaming_llm=[2, 6],
+                               dtype="float32", seed=7)
+    tokenizer = Tokenizer.from_file(str(runs["rope"].parent / "tokenizer.json"))
+    expected, _ = sample_text(load_checkpoint(runs["rope"]).model, tokenizer, tokenizer.encode("ROMEO:").ids,
+                              3 * MAX_SEQ_LEN, streaming=(2, 6), stop_tokens=[0], temperature=0.8,
+                              generator=torch.Generator().manual_seed(7))
+    assert texts == expected and len(set(texts[0])) > 5
+    assert "KV cache 2,048 bytes" in err  # 2 layers x K and V x 8 slots x 2 heads x 8 dims x 4 bytes
 
 
 def test_config_composes_with_rope_scaling_overrides():

@@ -56,6 +56,8 @@ class SampleConfig:
     device: str = "auto"  # auto: cuda, else mps, else cpu (nanoattn.runtime.pick_device)
     dtype: str = "auto"  # auto: bfloat16 autocast where the hardware is fast at it, else float32
     sliding_window: bool = False  # past a learned table: re-encode the last max_seq_len tokens per step
+    # StreamingLLM: [n_sink, window], the first n_sink tokens and the newest window ones in a fixed cache
+    streaming_llm: list[int] | None = None
     rope_scaling: dict[str, Any] | None = None  # zero-shot RoPE scaling, e.g. {type: yarn, factor: 4}
 
     def __post_init__(self) -> None:
@@ -112,6 +114,7 @@ def sample(cfg: SampleConfig, *, out: TextIO | None = None, err: TextIO | None =
         raise ValueError("sample.prompt is empty and the tokenizer has no <|endoftext|> to start from")
     options = dict(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, min_p=cfg.min_p,
                    repetition_penalty=cfg.repetition_penalty, sliding_window=cfg.sliding_window,
+                   streaming=None if cfg.streaming_llm is None else tuple(cfg.streaming_llm),
                    stop_tokens=[] if eot is None else [eot], stop=cfg.stop)
 
     def run(num_samples: int, seed: int, on_text=None) -> tuple[list[str], Decoding]:

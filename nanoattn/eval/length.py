@@ -53,8 +53,9 @@ from typing import Any, NamedTuple
 import torch
 
 from nanoattn.data import TokenData, bits_per_byte
+from nanoattn.model import StreamingCache
 from nanoattn.runtime import DTYPES, autocast, autocast_dtype, synchronize
-from nanoattn.validation import as_float, check_choice, check_positive_int, fail
+from nanoattn.validation import as_float, check_choice, check_positive_int, fail, is_int
 
 MODES = ("chunks", "sliding")
 DEFAULT_MULTIPLES = (1, 1.25, 1.5, 2, 4, 8, 16)
@@ -127,6 +128,32 @@ def score_length(model, tokens: torch.Tensor, length: int, *, stride: int | None
                 total += losses[row, max(0, scored_until - start):].sum()
                 scored_until = start + length
     return (total / n_targets).item(), n_targets, (per_position / len(starts)).cpu()
+
+
+@torch.no_grad()
+def score_streaming(model, tokens: torch.Tensor, n_sink: int, window: int, *,
+                    dtype: str = "float32") -> tuple[float, int]:
+    """StreamingLLM's evaluation (Xiao et al. 2023): (mean loss in nats over the targets
+    ``tokens[1:]``, their number), the stream fed through a ``StreamingCache`` of the first
+    ``n_sink`` tokens and the newest ``window``: a cache-full at once, then one token at a time,
+    so memory is fixed however long the stream and each target sees the sinks and the window.
+    ``n_sink=0`` is plain window attention with a rolling cache, the paper's failing baseline."""
+    check_positive_int("length_eval", "window", window)
+    if not (is_int(n_sink) and n_sink >= 0):
+        raise ValueError(f"length_eval.n_sink={n_sink!r} is invalid: must be an integer >= 0")
+    device = next(model.parameters()).device
+    amp, _ = autocast_dtype(dtype, device)
+    cache = StreamingCache(model.cfg, 1, n_sink, window, device=device,
+                           dtype=amp or next(model.parameters()).dtype)
+    inputs, targets = tokens[None, :-1].to(device), tokens[None, 1:].to(device)  # [1, n]
+    total, start = torch.zeros((), dtype=torch.float64, device=device), 0
+    with autocast(device, amp):
+        while start < inputs.shape[1]:
+            stop = min(inputs.shape[1], start + max(1, cache.capacity - cache.length))
+            logits = model(inputs[:, start:stop], cache=cache).float()  # [1, stop - start, V]
+            total += torch.nn.functional.cross_entropy(logits[0], targets[0, start:stop], reduction="sum")
+            start = stop
+    return (total / inputs.shape[1]).item(), inputs.shape[1]
 
 
 def held_out_stream(data: TokenData, max_tokens: int) -> torch.Tensor:

@@ -1,5 +1,5 @@
 from nanoattn.model.attention import Attention
-from nanoattn.model.cache import KVCache
+from nanoattn.model.cache import KVCache, StreamingCache
 from nanoattn.model.gpt import GPT, IGNORE_INDEX, Block
 
-__all__ = ["GPT", "IGNORE_INDEX", "Block", "Attention", "KVCache"]
+__all__ = ["GPT", "IGNORE_INDEX", "Block", "Attention", "KVCache", "StreamingCache"]

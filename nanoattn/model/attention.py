@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nanoattn.model.cache import KVCache
+from nanoattn.model.cache import KVCache, StreamingCache
 from nanoattn.model.layers import dropout
 from nanoattn.positional.base import PositionalEncoding
 
@@ -63,6 +63,10 @@ class QKNorm(nn.Module):
         q, k = qk.split(self.split, dim=1)
         return torch.cat([self.q(q), self.k(k)], dim=1).to(qk.dtype)
 
+    def side(self, x: torch.Tensor, side: str) -> torch.Tensor:
+        """Queries (side 'q') or keys ('k') alone, [B, heads, T, D]."""
+        return getattr(self, side)(x).to(x.dtype)
+
 
 class Attention(nn.Module):
     def __init__(self, cfg, layer: int = 0) -> None:
@@ -87,7 +91,7 @@ class Attention(nn.Module):
         positions: torch.Tensor,
         seq_len: int,
         *,
-        cache: KVCache | None = None,
+        cache: KVCache | StreamingCache | None = None,
         layer: int = 0,
         head_mask: torch.Tensor | None = None,
         return_weights: bool = False,
@@ -102,16 +106,25 @@ class Attention(nn.Module):
         qk, v = heads.split([H + Hkv, Hkv], dim=1)  # v: [B, Hkv, T, D]
         if self.qk_norm_at == "before_rope":
             qk = self.qk_norm(qk)
-        # Queries and keys rotate in one call: one cos/sin lookup, half the kernel launches.
-        qk = pos.rotate(qk, positions, seq_len)
-        if self.qk_norm_at == "after_rope":
-            qk = self.qk_norm(qk)
-        q, k = qk.split([H, Hkv], dim=1)  # [B, H, T, D], [B, Hkv, T, D]
-        q, k = pos.scale_queries(q, positions), pos.scale_keys(k, positions)
-        if cache is not None:
-            k, v = cache.update(layer, k, v)  # [B, Hkv, seq_len, D]
+        if cache is not None and cache.positions_in_cache:
+            # StreamingLLM: keys are cached unrotated and placed at their cache slot at every step,
+            # since evictions move them; positions (and seq_len) are slots in the cache.
+            q, k = qk.split([H, Hkv], dim=1)
+            k, v = cache.update(layer, k, v)  # [B, Hkv, seq_len, D], slots 0 .. seq_len - 1
+            k_positions = torch.arange(seq_len - k.shape[2], seq_len, device=x.device)
+            q = self._place(q, "q", pos, positions, seq_len)
+            k = self._place(k, "k", pos, k_positions, seq_len)
+        else:
+            # Queries and keys rotate in one call: one cos/sin lookup, half the kernel launches.
+            qk = pos.rotate(qk, positions, seq_len)
+            if self.qk_norm_at == "after_rope":
+                qk = self.qk_norm(qk)
+            q, k = qk.split([H, Hkv], dim=1)  # [B, H, T, D], [B, Hkv, T, D]
+            q, k = pos.scale_queries(q, positions), pos.scale_keys(k, positions)
+            if cache is not None:
+                k, v = cache.update(layer, k, v)  # [B, Hkv, seq_len, D]
+            k_positions = torch.arange(seq_len - k.shape[2], seq_len, device=x.device)
         k, v = k.to(q.dtype), v.to(q.dtype)
-        k_positions = torch.arange(seq_len - k.shape[2], seq_len, device=x.device)
 
         if return_weights:
             mask = self._mask(q, k, positions, k_positions, pos, layer, torch.float32)
@@ -123,6 +136,15 @@ class Attention(nn.Module):
         y = y.transpose(1, 2).reshape(B, T, H * D)  # [B, T, d_model]: concat heads
         y = dropout(self.proj(y), self.dropout, self.training)
         return y, weights
+
+    def _place(self, x: torch.Tensor, side: str, pos: PositionalEncoding, positions: torch.Tensor,
+               seq_len: int) -> torch.Tensor:
+        """What the default path does to the concatenated queries and keys, for one side alone
+        (side 'q' or 'k', x [B, heads, T, D]): rotation, QK-norm after it, the encoding's scale."""
+        x = pos.rotate(x, positions, seq_len)
+        if self.qk_norm_at == "after_rope":
+            x = self.qk_norm.side(x, side)
+        return pos.scale_queries(x, positions) if side == "q" else pos.scale_keys(x, positions)
 
     def _attend(self, q, k, v, q_positions, k_positions, pos, layer) -> torch.Tensor:
         """Fast path. q [B, H, Tq, D], k/v [B, Hkv, Tk, D] -> [B, H, Tq, D]."""

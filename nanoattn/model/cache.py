@@ -14,12 +14,16 @@ ending at the current one, as for a global layer.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from nanoattn.runtime import check_fits
 
 
 class KVCache:
+    positions_in_cache = False  # keys are cached rotated at their position in the sequence
+
     def __init__(self, cfg, batch_size: int, capacity: int, *, device=None, dtype=torch.float32) -> None:
         # Slots per layer: the whole capacity, or a window layer's W - 1 (at least one slot).
         self.slots = [capacity if window is None else max(1, min(capacity, window - 1))
@@ -43,7 +47,8 @@ class KVCache:
     def dtype(self) -> torch.dtype:
         return self.k[0].dtype
 
-    def check_room(self, new_tokens: int) -> None:
+    def make_room(self, new_tokens: int) -> None:
+        """Called before ``new_tokens`` are encoded: refuses them when they do not fit."""
         if self.length + new_tokens > self.capacity:
             raise ValueError(f"KV cache full: {self.length} cached + {new_tokens} new tokens exceed its "
                              f"capacity of {self.capacity}; size it to prompt + max_new_tokens")
@@ -64,3 +69,57 @@ class KVCache:
         self.k[layer][:, :, slots - kept:] = keys[:, :, -kept:]
         self.v[layer][:, :, slots - kept:] = values[:, :, -kept:]
         return keys, values
+
+
+class StreamingCache:
+    """StreamingLLM's cache (Xiao et al. 2023, arXiv:2309.17453): the first ``n_sink`` tokens of the
+    stream, which take the attention mass softmax must put somewhere, and the newest ``window``
+    tokens; the ones in between are evicted, so a stream of any length decodes in fixed memory.
+
+    Positions are assigned inside the cache, as in the paper: the token in slot c is at position c,
+    whatever its place in the stream. Eviction moves tokens to lower slots, so keys are cached
+    before the rotation (``positions_in_cache``: attention rotates every cached key at its slot at
+    each step). Values and unrotated keys are cached as computed: with more than one layer they
+    keep the context they were computed in (the paper's method, not a recomputation).
+    """
+
+    positions_in_cache = True
+
+    def __init__(self, cfg, batch_size: int, n_sink: int, window: int, *, device=None,
+                 dtype=torch.float32) -> None:
+        self.n_sink, self.capacity = n_sink, n_sink + window
+        device = torch.device(device) if device is not None else torch.get_default_device()
+        shape = (batch_size, cfg.n_kv_head, self.capacity, cfg.head_dim)
+        check_fits(2 * cfg.n_layer * math.prod(shape) * dtype.itemsize, device,  # K and V
+                   f"a streaming KV cache for {batch_size} sequence(s) x {self.capacity} tokens")
+        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.n_layer)]
+        self.v = [torch.zeros_like(k) for k in self.k]
+        self.length = 0  # tokens held: slots 0 .. length - 1
+
+    @property
+    def nbytes(self) -> int:
+        return sum(k.nbytes + v.nbytes for k, v in zip(self.k, self.v, strict=True))
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.k[0].dtype
+
+    def make_room(self, new_tokens: int) -> None:
+        """Evict the oldest non-sink tokens so that ``new_tokens`` fit after the rest."""
+        room = self.capacity - min(self.length, self.n_sink)
+        if new_tokens > room:
+            raise ValueError(f"{new_tokens} new tokens do not fit a streaming cache of {self.n_sink} sink + "
+                             f"{self.capacity - self.n_sink} window tokens: feed at most {room} at a time")
+        evicted = self.length + new_tokens - self.capacity
+        if evicted > 0:
+            kept = slice(self.n_sink + evicted, self.length)
+            for buffer in (*self.k, *self.v):
+                buffer[:, :, self.n_sink:self.length - evicted] = buffer[:, :, kept].clone()
+            self.length -= evicted
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store unrotated k, v [B, n_kv_head, T, head_dim] after the held tokens; return all held."""
+        end = self.length + k.shape[2]
+        self.k[layer][:, :, self.length:end] = k
+        self.v[layer][:, :, self.length:end] = v
+        return self.k[layer][:, :, :end], self.v[layer][:, :, :end]  # [B, n_kv_head, end, head_dim]

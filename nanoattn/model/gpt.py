@@ -16,7 +16,7 @@ from torch import nn
 
 from nanoattn.config import ModelConfig
 from nanoattn.model.attention import Attention, softcap
-from nanoattn.model.cache import KVCache
+from nanoattn.model.cache import KVCache, StreamingCache
 from nanoattn.model.layers import dropout, make_mlp, make_norm
 from nanoattn.positional import build_positional
 
@@ -70,7 +70,7 @@ class GPT(nn.Module):
         self,
         idx: torch.Tensor,
         *,
-        cache: KVCache | None = None,
+        cache: KVCache | StreamingCache | None = None,
         head_mask: torch.Tensor | None = None,
         return_weights: bool = False,
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -80,9 +80,9 @@ class GPT(nn.Module):
         ``head_mask`` [n_layer, n_head] multiplies each head's output (0 removes the head).
         """
         B, T = idx.shape
-        start = 0 if cache is None else cache.length
         if cache is not None:
-            cache.check_room(T)
+            cache.make_room(T)  # a streaming cache evicts here: the new tokens start after what it holds
+        start = 0 if cache is None else cache.length
         seq_len = start + T
         self.pos.check_length(seq_len)
         positions = torch.arange(start, seq_len, device=idx.device)  # [T]
@@ -105,7 +105,7 @@ class GPT(nn.Module):
         logits = self.lm_head(hidden)
         return logits if self.cfg.logit_softcap is None else softcap(logits.float(), self.cfg.logit_softcap)
 
-    def forward(self, idx: torch.Tensor, *, cache: KVCache | None = None,
+    def forward(self, idx: torch.Tensor, *, cache: KVCache | StreamingCache | None = None,
                 head_mask: torch.Tensor | None = None) -> torch.Tensor:
         """idx [B, T] -> logits [B, T, vocab_size]."""
         return self.logits(self.hidden_states(idx, cache=cache, head_mask=head_mask)[0])
