@@ -21,7 +21,23 @@ import torch
 from nanoattn.runtime import check_fits
 
 
-class KVCache:
+class _LayerBuffers:
+    """What both caches share: per-layer K and V buffers ``self.k``, ``self.v``, each
+    [B, n_kv_head, slots, head_dim]."""
+
+    k: list[torch.Tensor]
+    v: list[torch.Tensor]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(k.nbytes + v.nbytes for k, v in zip(self.k, self.v, strict=True))
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.k[0].dtype
+
+
+class KVCache(_LayerBuffers):
     positions_in_cache = False  # keys are cached rotated at their position in the sequence
 
     def __init__(self, cfg, batch_size: int, capacity: int, *, device=None, dtype=torch.float32) -> None:
@@ -38,14 +54,6 @@ class KVCache:
         self.v = [torch.zeros_like(k) for k in self.k]
         self.capacity = capacity
         self.length = 0  # tokens stored; advanced by the model once every layer has written
-
-    @property
-    def nbytes(self) -> int:
-        return sum(k.nbytes + v.nbytes for k, v in zip(self.k, self.v, strict=True))
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.k[0].dtype
 
     def make_room(self, new_tokens: int) -> None:
         """Called before ``new_tokens`` are encoded: refuses them when they do not fit."""
@@ -71,7 +79,7 @@ class KVCache:
         return keys, values
 
 
-class StreamingCache:
+class StreamingCache(_LayerBuffers):
     """StreamingLLM's cache (Xiao et al. 2023, arXiv:2309.17453): the first ``n_sink`` tokens of the
     stream, which take the attention mass softmax must put somewhere, and the newest ``window``
     tokens; the ones in between are evicted, so a stream of any length decodes in fixed memory.
@@ -95,14 +103,6 @@ class StreamingCache:
         self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.n_layer)]
         self.v = [torch.zeros_like(k) for k in self.k]
         self.length = 0  # tokens held: slots 0 .. length - 1
-
-    @property
-    def nbytes(self) -> int:
-        return sum(k.nbytes + v.nbytes for k, v in zip(self.k, self.v, strict=True))
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.k[0].dtype
 
     def make_room(self, new_tokens: int) -> None:
         """Evict the oldest non-sink tokens so that ``new_tokens`` fit after the rest."""

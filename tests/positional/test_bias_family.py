@@ -13,6 +13,7 @@ import math
 
 import pytest
 import torch
+from fitting import fit
 
 from nanoattn import GPT, ModelConfig
 from nanoattn.positional import build_positional
@@ -290,13 +291,6 @@ def test_a_tiny_model_learns_a_repeated_random_sequence(name):
     period = torch.randint(0, 32, (8,), generator=torch.Generator().manual_seed(2))
     idx = period.repeat(4)[None]  # [1, 32]: 8 random tokens, 4 times
     before = [p.detach().clone() for p in model.pos.parameters()]
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    losses = []
-    for _ in range(30):
-        loss = model.loss(idx[:, :-1], idx[:, 1:])
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
+    losses = fit(model, idx)
     assert losses[-1] < 0.5 * losses[0], losses
     assert all((p - b).abs().max() > 0 for p, b in zip(model.pos.parameters(), before, strict=True))
