@@ -15,7 +15,7 @@ from transformers.generation.logits_process import (
     TopKLogitsWarper,
     TopPLogitsWarper,
 )
-from variants import VARIANTS
+from variants import NO_BIAS, VARIANTS
 
 from nanoattn import GPT, KVCache, ModelConfig, generate
 from nanoattn.generate import (
@@ -104,6 +104,11 @@ def test_cached_decoding_equals_recomputation(pos, layout):
 @pytest.mark.parametrize("pos", ["rope", "alibi", "xpos", "rope,nope"])
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_cached_decoding_with_attention_variants(variant, pos):
+    if variant in NO_BIAS and any(REGISTRY[name].adds_bias for name in pos.split(",")):
+        with pytest.raises(ValueError, match=f"model.{variant}=True is invalid: needs encodings without an "
+                                             f"attention bias .*; pos='{pos}' adds {pos}$"):
+            tiny(pos, **VARIANTS[variant])
+        return
     check_cached_decoding(tiny(pos, **VARIANTS[variant]))
 
 

@@ -9,4 +9,7 @@ VARIANTS = {
     "logit_softcap": dict(logit_softcap=1.5),
     "attn_sinks": dict(attn_sinks=True),
     "sliding_window": dict(sliding_window=[6, None]),  # a local layer of window 6, then a global one
+    "diff_attn": dict(diff_attn=True),  # 4 heads and 2 K/V heads: 2 pairs over 1 K/V pair
 }
+# Variants defined only for encodings without an attention bias: with one they are refused.
+NO_BIAS = {"diff_attn"}

@@ -42,6 +42,7 @@ BENCH_ATTENTION: dict[str, dict[str, Any]] = {
     "logit_softcap 30": dict(logit_softcap=30.0),
     "attn_sinks": dict(attn_sinks=True),
     "sliding_window 64": dict(sliding_window=64),  # every layer local: the chunked mask path
+    "diff_attn": dict(diff_attn=True),
 }
 
 

@@ -64,6 +64,9 @@ class ModelConfig:
     # W - 1 tokens before it, as Mistral), or a list cycled over the layers ([64, 64, 64, null]).
     sliding_window: Any = None
     attn_sinks: bool = False  # gpt-oss: a learned logit per head that takes softmax mass and no value
+    # Differential attention (Ye et al. 2024): query/key heads pair up, each pair's two softmax maps
+    # are subtracted; n_head / 2 heads with values of 2 * head_dim. Needs even n_head and n_kv_head.
+    diff_attn: bool = False
     attn_softcap: float | None = None  # Gemma 2: scores q.k/sqrt(d) -> cap * tanh(scores / cap) (50.0)
     logit_softcap: float | None = None  # Gemma 2: output logits -> cap * tanh(logits / cap) (30.0)
     norm: str = "rmsnorm"  # layernorm | rmsnorm
@@ -90,6 +93,7 @@ class ModelConfig:
         check_choice(own, "norm", self.norm, NORMS)
         check_choice(own, "qk_norm", self.qk_norm, QK_NORMS)
         check_bool(own, "attn_sinks", self.attn_sinks)
+        self._check_diff_attn()
         self._check_sliding_window()
         for name in ("attn_softcap", "logit_softcap"):
             value = getattr(self, name)
@@ -136,6 +140,25 @@ class ModelConfig:
             if REGISTRY[name].acts_on_embeddings:
                 fail("model", "pos", self.pos, f"{name!r} adds positions to the embeddings, before any "
                      f"layer: it can only be the whole model's choice (pos={name})")
+
+    def _check_diff_attn(self) -> None:
+        check_bool("model", "diff_attn", self.diff_attn)
+        if not self.diff_attn:
+            return
+        for name in ("n_head", "n_kv_head"):
+            if getattr(self, name) % 2:
+                fail("model", name, getattr(self, name), "must be even with diff_attn=True: differential "
+                     "attention pairs query heads and key/value heads")
+        biased = [name for name in dict.fromkeys(self.layer_pos) if REGISTRY[name].adds_bias]
+        if biased:
+            fail("model", "diff_attn", self.diff_attn, f"needs encodings without an attention bias (the "
+                 f"paper's maps are plain softmaxes); pos={self.pos!r} adds {' and '.join(biased)}")
+
+    @property
+    def attention_heads(self) -> int:
+        """The heads each layer's attention has as seen from outside (head_mask, maps, analysis):
+        n_head, or the n_head / 2 pairs of differential attention."""
+        return self.n_head // 2 if self.diff_attn else self.n_head
 
     def _check_sliding_window(self) -> None:
         windows = self.sliding_window

@@ -64,12 +64,12 @@ Batch = tuple[torch.Tensor, torch.Tensor]  # (x, y), each int64 [B, T]
 
 
 def prune_heads(model: GPT, heads: Iterable[Sequence[int]]) -> torch.Tensor:
-    """A ``head_mask`` [n_layer, n_head] of ones with zeros at the given (layer, head) pairs.
+    """A ``head_mask`` [n_layer, attention_heads] of ones with zeros at the given (layer, head) pairs.
 
     Pass it to ``model(idx, head_mask=...)``, ``model.loss`` or ``model.hidden_states``.
     """
     cfg = model.cfg
-    mask = torch.ones(cfg.n_layer, cfg.n_head, device=model.tok_emb.weight.device)
+    mask = torch.ones(cfg.n_layer, cfg.attention_heads, device=model.tok_emb.weight.device)
     for pair in heads:
         mask[check_head(model, pair)] = 0.0
     return mask
@@ -82,9 +82,10 @@ def check_head(model: GPT, pair: Sequence[int]) -> tuple[int, int]:
         layer, head = (operator.index(v) for v in pair)
     except (TypeError, ValueError):
         layer = head = -1
-    if not (0 <= layer < cfg.n_layer and 0 <= head < cfg.n_head):
+    if not (0 <= layer < cfg.n_layer and 0 <= head < cfg.attention_heads):
         raise ValueError(f"head={pair!r} is invalid: expected "
-                         f"[layer, head] with 0 <= layer < {cfg.n_layer} and 0 <= head < {cfg.n_head}")
+                         f"[layer, head] with 0 <= layer < {cfg.n_layer} and "
+                         f"0 <= head < {cfg.attention_heads}")
     return layer, head
 
 
@@ -133,7 +134,10 @@ def query_statistics(weights: torch.Tensor, is_delimiter: torch.Tensor) -> dict[
         raise ValueError(f"seq_len={T} is too short for head statistics: must be above {FIRST_QUERY}")
     i = torch.arange(T, device=weights.device)
     offset = (i[:, None] - i[None, :]).clamp(min=0).to(weights.dtype)  # [T, T]: query - key, 0 above
-    entropy = -torch.special.xlogy(weights, weights).sum(-1)  # [B, H, T]; masked keys weigh exactly 0
+    # [B, H, T]; masked keys weigh exactly 0. A differential map has negative entries: the entropy
+    # is that of its positive part.
+    positive = weights.clamp(min=0)
+    entropy = -torch.special.xlogy(positive, positive).sum(-1)
     q = slice(FIRST_QUERY, None)
     return {
         "entropy": entropy[..., q],
@@ -168,7 +172,7 @@ def head_statistics(model: GPT, batches: Sequence[Batch], delimiters: Iterable[i
     """One record per head, layer-major: layer, head, kv_group, kind and the mean ``STATISTICS``."""
     _check_batches(batches)
     cfg = model.cfg
-    sums = torch.zeros(len(STATISTICS), cfg.n_layer, cfg.n_head, dtype=torch.float64)
+    sums = torch.zeros(len(STATISTICS), cfg.n_layer, cfg.attention_heads, dtype=torch.float64)
     delimiter_set = torch.tensor(sorted(set(delimiters)), dtype=torch.int64)
     queries = 0
     for x, _ in batches:
@@ -179,10 +183,10 @@ def head_statistics(model: GPT, batches: Sequence[Batch], delimiters: Iterable[i
             sums[:, layer] += torch.stack([stats[name].sum(dim=(0, 2)) for name in STATISTICS]).double().cpu()
         queries += x.shape[0] * (x.shape[1] - FIRST_QUERY)
     means = sums / queries  # [n_stats, n_layer, n_head]
-    group = cfg.n_head // cfg.n_kv_head
+    group = cfg.n_head // cfg.n_kv_head  # query heads per K/V head; pairs per pair with diff_attn
     records = []
     for layer in range(cfg.n_layer):
-        for head in range(cfg.n_head):
+        for head in range(cfg.attention_heads):
             stats = {name: float(means[k, layer, head]) for k, name in enumerate(STATISTICS)}
             records.append({"layer": layer, "head": head, "kv_group": head // group,
                             "kind": classify_head(stats), **stats})
@@ -197,9 +201,9 @@ def ablation_importance(model: GPT, batches: Sequence[Batch]) -> torch.Tensor:
     """Validation loss increase (nats/token) when each head alone is masked: [n_layer, n_head]."""
     cfg = model.cfg
     base = mean_loss(model, batches)
-    importance = torch.zeros(cfg.n_layer, cfg.n_head, dtype=torch.float64)
+    importance = torch.zeros(cfg.n_layer, cfg.attention_heads, dtype=torch.float64)
     for layer in range(cfg.n_layer):
-        for head in range(cfg.n_head):
+        for head in range(cfg.attention_heads):
             importance[layer, head] = mean_loss(model, batches, prune_heads(model, [(layer, head)])) - base
     return importance
 
@@ -207,7 +211,7 @@ def ablation_importance(model: GPT, batches: Sequence[Batch]) -> torch.Tensor:
 def gradient_importance(model: GPT, batches: Sequence[Batch]) -> torch.Tensor:
     """Michel et al. 2019's proxy |dL/d head_mask| at head_mask = 1, averaged over batches."""
     _check_batches(batches)
-    total = torch.zeros(model.cfg.n_layer, model.cfg.n_head, dtype=torch.float64)
+    total = torch.zeros(model.cfg.n_layer, model.cfg.attention_heads, dtype=torch.float64)
     with torch.enable_grad():
         for x, y in batches:
             mask = prune_heads(model, []).requires_grad_()

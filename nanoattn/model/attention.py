@@ -21,7 +21,8 @@ Design:
   chunks as the bias path: memory stays linear in T. The cap acts on q.k/sqrt(d) only, before an
   encoding's bias is added, so an ALiBi or T5 bias keeps its full range. A windowed layer's
   chunks start at their first query's window, so its work is O(T * window), and its KV cache
-  rolls (``cache.py``).
+  rolls (``cache.py``). Differential attention is two passes of the same attention, one per half
+  of each head pair, whose outputs are subtracted (``_differential``).
 - The positional encoding is the layer's own (``GPT`` hands it ``pos.for_layer(layer)``) and is
   asked for what it does (``rotate``, ``scale_queries``, ``scale_keys``, ``bias``); this module
   never branches on its name.
@@ -83,6 +84,15 @@ class Attention(nn.Module):
         self.sinks = nn.Parameter(torch.zeros(cfg.n_head)) if cfg.attn_sinks else None
         self.explicit = self.score_cap is not None or self.sinks is not None  # SDPA cannot compute them
         self.window = cfg.layer_window[layer]  # None: every earlier key
+        self.differential = cfg.diff_attn
+        if self.differential:
+            # Ye et al. 2024: lambda = exp(lq1 . lk1) - exp(lq2 . lk2) + lambda_init, vectors drawn
+            # N(0, 0.1), lambda_init = 0.8 - 0.6 exp(-0.3 (l - 1)) for layer l = 1..L; each head's
+            # output normalised over its 2 * head_dim values and scaled by 1 - lambda_init.
+            self.lambda_q1, self.lambda_k1, self.lambda_q2, self.lambda_k2 = (
+                nn.Parameter(torch.randn(cfg.head_dim) * 0.1) for _ in range(4))
+            self.lambda_init = 0.8 - 0.6 * math.exp(-0.3 * layer)
+            self.head_norm = nn.RMSNorm(2 * cfg.head_dim, eps=cfg.norm_eps)
 
     def forward(
         self,
@@ -126,13 +136,15 @@ class Attention(nn.Module):
             k_positions = torch.arange(seq_len - k.shape[2], seq_len, device=x.device)
         k, v = k.to(q.dtype), v.to(q.dtype)
 
-        if return_weights:
+        if self.differential:
+            y, weights = self._differential(q, k, v, positions, k_positions, pos, layer, return_weights)
+        elif return_weights:
             mask = self._mask(q, k, positions, k_positions, pos, layer, torch.float32)
             y, weights = self._attend_explicit(q, k, v, mask)
         else:
             y, weights = self._attend(q, k, v, positions, k_positions, pos, layer), None
         if head_mask is not None:
-            y = y * head_mask.to(y.dtype).view(1, H, 1, 1)
+            y = y * head_mask.to(y.dtype).view(1, -1, 1, 1)
         y = y.transpose(1, 2).reshape(B, T, H * D)  # [B, T, d_model]: concat heads
         y = dropout(self.proj(y), self.dropout, self.training)
         return y, weights
@@ -146,21 +158,50 @@ class Attention(nn.Module):
             x = self.qk_norm.side(x, side)
         return pos.scale_queries(x, positions) if side == "q" else pos.scale_keys(x, positions)
 
+    def _differential(self, q, k, v, q_positions, k_positions, pos, layer, return_weights):
+        """Differential attention (Ye et al. 2024, arXiv:2410.05258): query heads (2i, 2i + 1) and
+        key heads (2j, 2j + 1) are pairs; each half gives a softmax map, A1 from the first heads and
+        A2 from the second, and pair i's output is RMSNorm((A1 - lambda A2) V) (1 - lambda_init),
+        with V the values of heads 2j and 2j + 1 side by side. q [B, H, Tq, D], k/v [B, Hkv, Tk, D]
+        -> [B, H / 2, Tq, 2D], and the maps (A1 - lambda A2) / (1 - lambda) when asked: the norm
+        ignores the scale, and so each row sums to 1 like a softmax's."""
+        B, Hkv, Tk, D = v.shape
+        values = v.view(B, Hkv // 2, 2, Tk, D).transpose(2, 3).reshape(B, Hkv // 2, Tk, 2 * D)
+        # Products and sums, not matmuls: autocast would round these dot products to bfloat16.
+        first = torch.exp((self.lambda_q1 * self.lambda_k1).sum())
+        second = torch.exp((self.lambda_q2 * self.lambda_k2).sum())
+        lam = (first - second + self.lambda_init).to(q.dtype)
+        outputs, maps = [], []
+        for half in (0, 1):
+            q_half, k_half = q[:, half::2], k[:, half::2]
+            if return_weights:
+                mask = self._mask(q_half, k_half, q_positions, k_positions, pos, layer, torch.float32)
+                y, weights = self._attend_explicit(q_half, k_half, values, mask)
+                maps.append(weights)
+            else:
+                y = self._attend(q_half, k_half, values, q_positions, k_positions, pos, layer)
+            outputs.append(y)
+        y = self.head_norm(outputs[0] - lam * outputs[1]) * (1 - self.lambda_init)
+        weights = (maps[0] - lam.float() * maps[1]) / (1 - lam.float()) if return_weights else None
+        return y.to(q.dtype), weights
+
     def _attend(self, q, k, v, q_positions, k_positions, pos, layer) -> torch.Tensor:
-        """Fast path. q [B, H, Tq, D], k/v [B, Hkv, Tk, D] -> [B, H, Tq, D]."""
+        """Fast path. q [B, H, Tq, D], k [B, Hkv, Tk, D], v [B, Hkv, Tk, Dv] -> [B, H, Tq, Dv]."""
         B, H, Tq, D = q.shape
-        Tk = k.shape[2]
-        options = dict(enable_gqa=self.n_kv_head != self.n_head,
-                       dropout_p=self.dropout if self.training else 0.0)
-        if not pos.adds_bias and not self.explicit and (self.window is None or Tk <= self.window):
+        Hkv, Tk, Dv = k.shape[1], k.shape[2], v.shape[3]
+        options = dict(enable_gqa=Hkv != H, dropout_p=self.dropout if self.training else 0.0)
+        # SDPA's fused kernels need values as wide as queries (differential attention's are twice):
+        # otherwise its math kernel would build the whole [B, H, Tq, Tk], so those go in chunks too.
+        fused = not pos.adds_bias and not self.explicit and Dv == D
+        if fused and (self.window is None or Tk <= self.window):
             if Tq == Tk:
                 return F.scaled_dot_product_attention(q, k, v, is_causal=True, **options)
             if Tq == 1:  # one new token after the cache: it sees every cached key
                 # Each group's query heads become the query rows of its K/V head: no mask, no
                 # repeated K/V, and at batch 1 a third of the time of SDPA's enable_gqa path.
-                y = F.scaled_dot_product_attention(q.reshape(B, self.n_kv_head, H // self.n_kv_head, D), k, v,
-                                                   dropout_p=options["dropout_p"])  # [B, Hkv, H / Hkv, D]
-                return y.view(B, H, 1, D)
+                y = F.scaled_dot_product_attention(q.reshape(B, Hkv, H // Hkv, D), k, v,
+                                                   dropout_p=options["dropout_p"])  # [B, Hkv, H / Hkv, Dv]
+                return y.view(B, H, 1, Dv)
         chunk = max(1, MASK_CHUNK_ELEMENTS // (B * H * Tk))
         outputs = []
         for start in range(0, Tq, chunk):
@@ -207,5 +248,5 @@ class Attention(nn.Module):
             sinks = self.sinks.float().view(1, H, 1, 1).expand(B, H, Tq, 1)
             weights = torch.softmax(torch.cat([scores, sinks], dim=-1), dim=-1)[..., :-1]
         kept = dropout(weights, self.dropout, self.training).to(v.dtype)
-        y = kept.view(B, Hkv, -1, Tk) @ v  # [B, Hkv, H / Hkv * Tq, D]
-        return y.view(B, H, Tq, D), weights
+        y = kept.view(B, Hkv, -1, Tk) @ v  # [B, Hkv, H / Hkv * Tq, Dv]
+        return y.view(B, H, Tq, v.shape[-1]), weights

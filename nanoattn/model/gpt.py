@@ -77,7 +77,8 @@ class GPT(nn.Module):
         """idx [B, T] -> (final-normed hidden states [B, T, d_model], per-layer attention weights).
 
         With a cache, idx continues the cached tokens: its positions start at ``cache.length``.
-        ``head_mask`` [n_layer, n_head] multiplies each head's output (0 removes the head).
+        ``head_mask`` [n_layer, attention_heads] multiplies each head's output (0 removes the head;
+        attention_heads is n_head, or n_head / 2 with differential attention).
         """
         B, T = idx.shape
         if cache is not None:

@@ -85,8 +85,12 @@ def test_attention_maps_slow_path_equals_fast_path(monkeypatch, pos, scaling, la
     check_maps(small_model(LAYOUTS[layout], pos=pos, rope_scaling=scaling))
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("variant", VARIANTS)
+# Differential attention pairs K/V heads, so its MQA is one pair (n_kv_head=2, the gqa layout).
+VARIANT_LAYOUTS = [(variant, layout) for variant in VARIANTS for layout in LAYOUTS
+                   if (variant, layout) != ("diff_attn", "mqa")]
+
+
+@pytest.mark.parametrize(("variant", "layout"), VARIANT_LAYOUTS)
 def test_attention_maps_of_the_variants_equal_their_fast_path(monkeypatch, variant, layout):
     # The capped scores are computed in chunks on the fast path and whole on the slow one.
     monkeypatch.setattr(attention_module, "MASK_CHUNK_ELEMENTS", 2 * 4 * 5 * 24)
@@ -100,23 +104,25 @@ def test_attention_maps_of_the_variants_equal_their_fast_path(monkeypatch, varia
 
 def check_maps(model: GPT) -> None:
     """The slow path's logits equal the fast path's, with and without a head mask; its weights are
-    causal distributions, less what learned sinks took (their statistic is the rest)."""
+    causal distributions, less what learned sinks took (their statistic is the rest); a
+    differential map's rows sum to 1 too (it is normalised by 1 - lambda)."""
     idx = torch.randint(0, 50, (2, 24))
-    mask = torch.tensor([[1.0, 0.0, 0.5, 1.0], [0.0, 1.0, 1.0, 2.0]])
+    heads = model.cfg.attention_heads
+    mask = torch.tensor([[1.0, 0.0, 0.5, 1.0], [0.0, 1.0, 1.0, 2.0]])[:, :heads]
     for head_mask in (None, mask):
         with torch.no_grad():
             fast = model(idx, head_mask=head_mask)
             slow, weights = model.attention_maps(idx, head_mask=head_mask)
         torch.testing.assert_close(slow, fast, atol=1e-5, rtol=1e-5)
         for w in weights:
-            assert w.shape == (2, 4, 24, 24)
+            assert w.shape == (2, heads, 24, 24)
             if model.cfg.attn_sinks:
                 sink = query_statistics(w, torch.zeros(2, 24, dtype=torch.bool))["sink_mass"]
                 assert (sink > 0).all() and sink.mean() > 0.01  # the perturbed sinks take a share
                 torch.testing.assert_close(w.sum(-1)[..., FIRST_QUERY:] + sink,
-                                           torch.ones(2, 4, 24 - FIRST_QUERY))
+                                           torch.ones(2, heads, 24 - FIRST_QUERY))
             else:
-                torch.testing.assert_close(w.sum(-1), torch.ones(2, 4, 24))
+                torch.testing.assert_close(w.sum(-1), torch.ones(2, heads, 24))
             assert (w.triu(1) == 0).all()  # causal
 
 

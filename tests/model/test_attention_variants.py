@@ -1,5 +1,5 @@
-"""Attention variants: QK-norm (before or after the rotation), soft-capping (scores, logits) and
-sliding windows with a rolling KV cache.
+"""Attention variants: QK-norm (before or after the rotation), soft-capping (scores, logits),
+learned sinks, sliding windows with a rolling KV cache and differential attention.
 
 References: the formulas written out by hand, an explicit whole-matrix attention for the chunked
 capped and windowed paths, and transformers' Gemma 2 attention (eager) for the capped scores.
@@ -274,8 +274,66 @@ def test_a_variant_model_learns_and_its_maps_are_distributions(variant):
     with torch.no_grad():
         _, maps = model.eval().attention_maps(idx)
     sums = maps[0].sum(-1)  # less than 1 by what the sinks took
-    assert (sums < 1).all() if model.cfg.attn_sinks else torch.allclose(sums, torch.ones(4, 4, 16))
+    ones = torch.ones(4, model.cfg.attention_heads, 16)
+    assert (sums < 1).all() if model.cfg.attn_sinks else torch.allclose(sums, ones, atol=1e-5)
     assert (maps[0].triu(1) == 0).all()
+
+
+@torch.no_grad()
+def differential_reference(attn: Attention, x: torch.Tensor, layer: int) -> torch.Tensor:
+    """Ye et al. 2024, section 2.1, written out per head in float64 without positions: for head i,
+    [Q1; Q2] and [K1; K2] are query and key heads 2i, 2i + 1, V the value heads 2i, 2i + 1 side by
+    side; (softmax(Q1 K1^T / sqrt(d)) - lambda softmax(Q2 K2^T / sqrt(d))) V, then
+    (1 - lambda_init) RMSNorm(head), the heads concatenated and projected by W_O."""
+    x, H, D = x.double(), attn.n_head, attn.head_dim
+    q_w, k_w, v_w = attn.qkv.weight.double().split([H * D, H * D, H * D])
+    lam = (math.exp(float(attn.lambda_q1 @ attn.lambda_k1)) - math.exp(float(attn.lambda_q2 @ attn.lambda_k2))
+           + 0.8 - 0.6 * math.exp(-0.3 * layer))
+    T = x.shape[1]
+    future = torch.ones(T, T, dtype=torch.bool).triu(1)
+    heads = []
+    for i in range(H // 2):
+        maps = []
+        for sub in (2 * i, 2 * i + 1):
+            q, k = x @ q_w[sub * D:(sub + 1) * D].T, x @ k_w[sub * D:(sub + 1) * D].T  # [B, T, D]
+            scores = (q @ k.transpose(-2, -1) / math.sqrt(D)).masked_fill(future, -math.inf)
+            maps.append(torch.softmax(scores, dim=-1))
+        values = x @ v_w[2 * i * D:(2 * i + 2) * D].T  # [B, T, 2D]
+        head = (maps[0] - lam * maps[1]) @ values
+        rms = head.pow(2).mean(-1, keepdim=True).add(attn.head_norm.eps).sqrt()
+        head = head / rms * attn.head_norm.weight.double()
+        heads.append((1 - (0.8 - 0.6 * math.exp(-0.3 * layer))) * head)
+    return torch.cat(heads, dim=-1) @ attn.proj.weight.double().T
+
+
+@pytest.mark.parametrize("layer", [0, 3])
+def test_differential_attention_equals_the_papers_formula(layer):
+    torch.manual_seed(0)
+    cfg = ModelConfig(d_model=64, n_layer=4, n_head=4, n_kv_head=4, pos="nope", diff_attn=True)
+    attn = Attention(cfg, layer).eval()
+    with torch.no_grad():
+        attn.head_norm.weight.add_(torch.randn(32) * 0.2)
+        x = torch.randn(2, 12, 64)
+        got = attn(x, build_positional(cfg), torch.arange(12), 12)[0]
+    assert attn.lambda_init == pytest.approx(0.8 - 0.6 * math.exp(-0.3 * layer))  # 0.2 in the first layer
+    torch.testing.assert_close(got.double(), differential_reference(attn, x, layer), atol=1e-5, rtol=1e-5)
+
+
+def test_differential_gqa_equals_mha_with_the_key_value_pairs_repeated():
+    """4 pairs of query heads over 2 pairs of K/V heads: pairs 0, 1 read K/V pair 0, pairs 2, 3 pair 1."""
+    torch.manual_seed(0)
+    fields = dict(d_model=128, n_head=8, pos="rope", diff_attn=True)
+    gqa, mha = Attention(ModelConfig(**fields, n_kv_head=4)), Attention(ModelConfig(**fields, n_kv_head=8))
+    mha.load_state_dict({**gqa.state_dict(), "qkv.weight": mha.qkv.weight}, strict=True)
+    D = 16
+    q_w, k_w, v_w = gqa.qkv.weight.split([128, 64, 64])
+    pair_of = [i // 2 for i in range(4)]  # the GQA K/V pair each MHA pair reads
+    rows = lambda w, pairs: torch.cat([w[2 * p * D:(2 * p + 2) * D] for p in pairs])  # noqa: E731
+    with torch.no_grad():
+        mha.qkv.weight.copy_(torch.cat([q_w, rows(k_w, pair_of), rows(v_w, pair_of)]))
+        x = torch.randn(2, 10, 128)
+        pe = build_positional(ModelConfig(**fields))
+        torch.testing.assert_close(gqa(x, pe, torch.arange(10), 10)[0], mha(x, pe, torch.arange(10), 10)[0])
 
 
 @pytest.mark.parametrize(("field", "value", "message"), [
@@ -289,8 +347,21 @@ def test_a_variant_model_learns_and_its_maps_are_distributions(variant):
     ("sliding_window", [64, "x"], r"model.sliding_window=\[64, 'x'\] is invalid"),
     ("sliding_window", [8, 8, 8, 8, 8], "must be null, a window or a list of 1 to n_layer=4 windows"),
     ("sliding_window", 2.5, "model.sliding_window=2.5 is invalid"),
+    ("diff_attn", "yes", "model.diff_attn='yes' is invalid"),
 ])
 def test_bad_variant_settings_are_one_line_errors(field, value, message):
     with pytest.raises(ValueError, match=message.replace("|", r"\|")) as info:
         ModelConfig(**{field: value})
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    (dict(n_head=4, n_kv_head=1), "model.n_kv_head=1 is invalid: must be even with diff_attn=True"),
+    (dict(d_model=96, n_head=6, n_kv_head=3), "model.n_kv_head=3 is invalid: must be even"),
+    (dict(pos="alibi"),
+     "model.diff_attn=True is invalid: needs encodings without an attention bias .*adds alibi"),
+    (dict(pos=["rope", "t5"]), "pos=\\['rope', 't5'\\] adds t5"),
+])
+def test_differential_attention_refuses_what_it_is_not_defined_for(fields, message):
+    with pytest.raises(ValueError, match=message):
+        ModelConfig(**{"d_model": 64, "n_layer": 2, "n_head": 4, "n_kv_head": 2, "diff_attn": True, **fields})
