@@ -15,7 +15,7 @@ from transformers.generation.logits_process import (
     TopKLogitsWarper,
     TopPLogitsWarper,
 )
-from variants import NO_BIAS, VARIANTS
+from variants import NO_BIAS, ONLY_ROPE, VARIANTS
 
 from nanoattn import GPT, KVCache, ModelConfig, generate
 from nanoattn.generate import (
@@ -46,8 +46,9 @@ def tiny(pos: str = "rope", n_kv_head: int = 2, rope_scaling=None, vocab_size: i
     ``variant``: further ModelConfig fields (attention variants)."""
     torch.manual_seed(0)
     layout = dict(pos=pos.split(","), temperature_floor_scale=8) if "," in pos else dict(pos=pos)
-    cfg = ModelConfig(vocab_size=vocab_size, d_model=32, n_layer=2, n_head=4, n_kv_head=n_kv_head, d_ff=64,
-                      max_seq_len=MAX_SEQ_LEN, rope_scaling=rope_scaling, init_std=0.1, **layout, **variant)
+    fields = dict(vocab_size=vocab_size, d_model=32, n_layer=2, n_head=4, n_kv_head=n_kv_head, d_ff=64,
+                  max_seq_len=MAX_SEQ_LEN, rope_scaling=rope_scaling, init_std=0.1, **layout)
+    cfg = ModelConfig(**{**fields, **variant})
     model = GPT(cfg).eval()
     with torch.no_grad():  # what starts neutral (learned table, sinusoid amplitude, norm gains) must act
         for p in [*model.pos.parameters(), *(p for name, p in model.named_parameters()
@@ -107,6 +108,10 @@ def test_cached_decoding_with_attention_variants(variant, pos):
     if variant in NO_BIAS and any(REGISTRY[name].adds_bias for name in pos.split(",")):
         with pytest.raises(ValueError, match=f"model.{variant}=True is invalid: needs encodings without an "
                                              f"attention bias .*; pos='{pos}' adds {pos}$"):
+            tiny(pos, **VARIANTS[variant])
+        return
+    if variant in ONLY_ROPE and pos != "rope":
+        with pytest.raises(ValueError, match="model.pos=.* is invalid: must be 'rope' with mla_kv_rank"):
             tiny(pos, **VARIANTS[variant])
         return
     check_cached_decoding(tiny(pos, **VARIANTS[variant]))

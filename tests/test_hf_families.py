@@ -397,7 +397,7 @@ def test_export_refuses_layouts_that_are_not_rope_and_nope(tmp_path, name):
 def test_every_attention_variant_exports_exactly_or_is_refused(tmp_path, variant):
     """Iterated at test time like the encodings above: a new variant cannot export as a model that
     silently computes something else."""
-    ours = model(**BASE, **VARIANTS[variant])
+    ours = model(**{**BASE, **VARIANTS[variant]})
     try:
         path = export_hf(ours, tmp_path / "hf")
     except ValueError as error:

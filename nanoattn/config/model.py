@@ -67,6 +67,11 @@ class ModelConfig:
     # Differential attention (Ye et al. 2024): query/key heads pair up, each pair's two softmax maps
     # are subtracted; n_head / 2 heads with values of 2 * head_dim. Needs even n_head and n_kv_head.
     diff_attn: bool = False
+    # Multi-head latent attention (DeepSeek-V2): None = the fused-QKV attention; else the rank of the
+    # joint key/value latent, which the KV cache holds with one shared rotary key of mla_rope_dim.
+    mla_kv_rank: int | None = None
+    mla_q_rank: int | None = None  # low-rank queries through this rank (DeepSeek's q_lora_rank); None: full
+    mla_rope_dim: int = 16  # decoupled RoPE: rotary dims per query head and of the shared key
     attn_softcap: float | None = None  # Gemma 2: scores q.k/sqrt(d) -> cap * tanh(scores / cap) (50.0)
     logit_softcap: float | None = None  # Gemma 2: output logits -> cap * tanh(logits / cap) (30.0)
     norm: str = "rmsnorm"  # layernorm | rmsnorm
@@ -94,6 +99,7 @@ class ModelConfig:
         check_choice(own, "qk_norm", self.qk_norm, QK_NORMS)
         check_bool(own, "attn_sinks", self.attn_sinks)
         self._check_diff_attn()
+        self._check_mla()
         self._check_sliding_window()
         for name in ("attn_softcap", "logit_softcap"):
             value = getattr(self, name)
@@ -153,6 +159,24 @@ class ModelConfig:
         if biased:
             fail("model", "diff_attn", self.diff_attn, f"needs encodings without an attention bias (the "
                  f"paper's maps are plain softmaxes); pos={self.pos!r} adds {' and '.join(biased)}")
+
+    def _check_mla(self) -> None:
+        if self.mla_kv_rank is None:
+            return
+        check_positive_int("model", "mla_kv_rank", self.mla_kv_rank)
+        if self.mla_q_rank is not None:
+            check_positive_int("model", "mla_q_rank", self.mla_q_rank)
+        check_positive_int("model", "mla_rope_dim", self.mla_rope_dim)
+        if self.mla_rope_dim % 2:
+            fail("model", "mla_rope_dim", self.mla_rope_dim, "must be even: RoPE rotates pairs")
+        why = "with mla_kv_rank (multi-head latent attention: decoupled RoPE, MHA over the latent)"
+        fixed = (("pos", self.pos, "rope"), ("n_kv_head", self.n_kv_head, self.n_head),
+                 ("rope_scaling", self.rope_scaling, None), ("rope_fraction", self.rope_fraction, 1.0),
+                 ("rope_p", self.rope_p, 1.0), ("qk_norm", self.qk_norm, "none"),
+                 ("diff_attn", self.diff_attn, False))
+        for name, value, want in fixed:
+            if value != want:
+                fail("model", name, value, f"must be {want!r} {why}")
 
     @property
     def attention_heads(self) -> int:

@@ -69,21 +69,98 @@ class QKNorm(nn.Module):
         return getattr(self, side)(x).to(x.dtype)
 
 
-class Attention(nn.Module):
-    def __init__(self, cfg, layer: int = 0) -> None:
+class CausalAttention(nn.Module):
+    """The part every attention shares: causal softmax(q.k / sqrt(d)) v over heads [B, H, T, D],
+    with the encoding's bias, the window, the score cap and the sinks, in query chunks
+    (``_attend``) or explicitly with the weights (``_attend_explicit``). Subclasses make q, k, v."""
+
+    def __init__(self, cfg, layer: int) -> None:
         super().__init__()
-        self.n_head, self.n_kv_head, self.head_dim = cfg.n_head, cfg.n_kv_head, cfg.head_dim
-        kv_width = cfg.n_kv_head * cfg.head_dim
-        self.qkv = nn.Linear(cfg.d_model, cfg.d_model + 2 * kv_width, bias=cfg.bias)
-        self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
         self.dropout = cfg.dropout
-        self.qk_norm_at = cfg.qk_norm  # none | before_rope | after_rope
-        self.qk_norm = QKNorm(cfg) if cfg.qk_norm != "none" else None
         self.score_cap = cfg.attn_softcap
         # gpt-oss's sinks, from zero: one extra key of score 0 (transformers draws them N(0, 0.02)).
         self.sinks = nn.Parameter(torch.zeros(cfg.n_head)) if cfg.attn_sinks else None
         self.explicit = self.score_cap is not None or self.sinks is not None  # SDPA cannot compute them
         self.window = cfg.layer_window[layer]  # None: every earlier key
+
+    def _attend(self, q, k, v, q_positions, k_positions, pos, layer) -> torch.Tensor:
+        """Fast path. q [B, H, Tq, D], k [B, Hkv, Tk, D], v [B, Hkv, Tk, Dv] -> [B, H, Tq, Dv]."""
+        B, H, Tq, D = q.shape
+        Hkv, Tk, Dv = k.shape[1], k.shape[2], v.shape[3]
+        options = dict(enable_gqa=Hkv != H, dropout_p=self.dropout if self.training else 0.0)
+        # SDPA's fused kernels need values as wide as queries (differential attention's are twice):
+        # otherwise its math kernel would build the whole [B, H, Tq, Tk], so those go in chunks too.
+        fused = not pos.adds_bias and not self.explicit and Dv == D
+        if fused and (self.window is None or Tk <= self.window):
+            if Tq == Tk:
+                return F.scaled_dot_product_attention(q, k, v, is_causal=True, **options)
+            if Tq == 1:  # one new token after the cache: it sees every cached key
+                # Each group's query heads become the query rows of its K/V head: no mask, no
+                # repeated K/V, and at batch 1 a third of the time of SDPA's enable_gqa path.
+                y = F.scaled_dot_product_attention(q.reshape(B, Hkv, H // Hkv, D), k, v,
+                                                   dropout_p=options["dropout_p"])  # [B, Hkv, H / Hkv, Dv]
+                return y.view(B, H, 1, Dv)
+        chunk = max(1, MASK_CHUNK_ELEMENTS // (B * H * Tk))
+        outputs = []
+        for start in range(0, Tq, chunk):
+            stop = min(start + chunk, Tq)
+            # Queries and keys end at the same (newest) position, so this chunk's queries see only
+            # the first Tk - Tq + stop keys: the later ones, fully masked, are never computed; with a
+            # window, neither are the keys before the first query's window.
+            keys = Tk - Tq + stop
+            first = 0 if self.window is None else max(0, Tk - Tq + start - self.window + 1)
+            q_chunk, k_chunk, v_chunk = q[:, :, start:stop], k[:, :, first:keys], v[:, :, first:keys]
+            mask = self._mask(q_chunk, k_chunk, q_positions[start:stop], k_positions[first:keys], pos, layer,
+                              torch.float32 if self.explicit else q.dtype)
+            if not self.explicit:
+                outputs.append(F.scaled_dot_product_attention(q_chunk, k_chunk, v_chunk, attn_mask=mask,
+                                                              **options))
+            else:
+                outputs.append(self._attend_explicit(q_chunk, k_chunk, v_chunk, mask)[0])
+        return torch.cat(outputs, dim=2)
+
+    def _mask(self, q, k, q_positions, k_positions, pos, layer, dtype) -> torch.Tensor:
+        """Causal (and window) mask plus the encoding's bias: bool [Tq, Tk] or additive [(B,) H, Tq, Tk]."""
+        offset = q_positions[:, None] - k_positions[None, :]  # [Tq, Tk]: how far back each key is
+        allowed = offset >= 0 if self.window is None else (offset >= 0) & (offset < self.window)
+        bias = pos.bias(q, k, q_positions, k_positions, layer)
+        if bias is None:
+            return allowed
+        return bias.masked_fill(~allowed, float("-inf")).to(dtype)
+
+    def _attend_explicit(self, q, k, v, mask):
+        """softmax(softcap(q.k / sqrt(D)) + mask) @ v, returning the weights [B, H, Tq, Tk] as well.
+
+        Each K/V head's query heads are stacked as rows of one matmul, so K/V are never repeated.
+        With sinks, each head's sink logit is one more column of the softmax, dropped after it: the
+        weights then sum to 1 - the sink's mass.
+        """
+        B, H, Tq, D = q.shape
+        Hkv, Tk = k.shape[1], k.shape[2]
+        scores = q.reshape(B, Hkv, -1, D) @ k.transpose(-2, -1)  # [B, Hkv, H / Hkv * Tq, Tk]
+        scores = softcap(scores.view(B, H, Tq, Tk).float() / math.sqrt(D), self.score_cap)
+        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+        if self.sinks is None:
+            weights = torch.softmax(scores, dim=-1)
+        else:
+            sinks = self.sinks.float().view(1, H, 1, 1).expand(B, H, Tq, 1)
+            weights = torch.softmax(torch.cat([scores, sinks], dim=-1), dim=-1)[..., :-1]
+        kept = dropout(weights, self.dropout, self.training).to(v.dtype)
+        y = kept.view(B, Hkv, -1, Tk) @ v  # [B, Hkv, H / Hkv * Tq, Dv]
+        return y.view(B, H, Tq, v.shape[-1]), weights
+
+
+class Attention(CausalAttention):
+    """Fused-QKV attention for MHA, GQA and MQA, with QK-norm and differential attention."""
+
+    def __init__(self, cfg, layer: int = 0) -> None:
+        super().__init__(cfg, layer)
+        self.n_head, self.n_kv_head, self.head_dim = cfg.n_head, cfg.n_kv_head, cfg.head_dim
+        kv_width = cfg.n_kv_head * cfg.head_dim
+        self.qkv = nn.Linear(cfg.d_model, cfg.d_model + 2 * kv_width, bias=cfg.bias)
+        self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
+        self.qk_norm_at = cfg.qk_norm  # none | before_rope | after_rope
+        self.qk_norm = QKNorm(cfg) if cfg.qk_norm != "none" else None
         self.differential = cfg.diff_attn
         if self.differential:
             # Ye et al. 2024: lambda = exp(lq1 . lk1) - exp(lq2 . lk2) + lambda_init, vectors drawn
@@ -184,69 +261,3 @@ class Attention(nn.Module):
         y = self.head_norm(outputs[0] - lam * outputs[1]) * (1 - self.lambda_init)
         weights = (maps[0] - lam.float() * maps[1]) / (1 - lam.float()) if return_weights else None
         return y.to(q.dtype), weights
-
-    def _attend(self, q, k, v, q_positions, k_positions, pos, layer) -> torch.Tensor:
-        """Fast path. q [B, H, Tq, D], k [B, Hkv, Tk, D], v [B, Hkv, Tk, Dv] -> [B, H, Tq, Dv]."""
-        B, H, Tq, D = q.shape
-        Hkv, Tk, Dv = k.shape[1], k.shape[2], v.shape[3]
-        options = dict(enable_gqa=Hkv != H, dropout_p=self.dropout if self.training else 0.0)
-        # SDPA's fused kernels need values as wide as queries (differential attention's are twice):
-        # otherwise its math kernel would build the whole [B, H, Tq, Tk], so those go in chunks too.
-        fused = not pos.adds_bias and not self.explicit and Dv == D
-        if fused and (self.window is None or Tk <= self.window):
-            if Tq == Tk:
-                return F.scaled_dot_product_attention(q, k, v, is_causal=True, **options)
-            if Tq == 1:  # one new token after the cache: it sees every cached key
-                # Each group's query heads become the query rows of its K/V head: no mask, no
-                # repeated K/V, and at batch 1 a third of the time of SDPA's enable_gqa path.
-                y = F.scaled_dot_product_attention(q.reshape(B, Hkv, H // Hkv, D), k, v,
-                                                   dropout_p=options["dropout_p"])  # [B, Hkv, H / Hkv, Dv]
-                return y.view(B, H, 1, Dv)
-        chunk = max(1, MASK_CHUNK_ELEMENTS // (B * H * Tk))
-        outputs = []
-        for start in range(0, Tq, chunk):
-            stop = min(start + chunk, Tq)
-            # Queries and keys end at the same (newest) position, so this chunk's queries see only
-            # the first Tk - Tq + stop keys: the later ones, fully masked, are never computed; with a
-            # window, neither are the keys before the first query's window.
-            keys = Tk - Tq + stop
-            first = 0 if self.window is None else max(0, Tk - Tq + start - self.window + 1)
-            q_chunk, k_chunk, v_chunk = q[:, :, start:stop], k[:, :, first:keys], v[:, :, first:keys]
-            mask = self._mask(q_chunk, k_chunk, q_positions[start:stop], k_positions[first:keys], pos, layer,
-                              torch.float32 if self.explicit else q.dtype)
-            if not self.explicit:
-                outputs.append(F.scaled_dot_product_attention(q_chunk, k_chunk, v_chunk, attn_mask=mask,
-                                                              **options))
-            else:
-                outputs.append(self._attend_explicit(q_chunk, k_chunk, v_chunk, mask)[0])
-        return torch.cat(outputs, dim=2)
-
-    def _mask(self, q, k, q_positions, k_positions, pos, layer, dtype) -> torch.Tensor:
-        """Causal (and window) mask plus the encoding's bias: bool [Tq, Tk] or additive [(B,) H, Tq, Tk]."""
-        offset = q_positions[:, None] - k_positions[None, :]  # [Tq, Tk]: how far back each key is
-        allowed = offset >= 0 if self.window is None else (offset >= 0) & (offset < self.window)
-        bias = pos.bias(q, k, q_positions, k_positions, layer)
-        if bias is None:
-            return allowed
-        return bias.masked_fill(~allowed, float("-inf")).to(dtype)
-
-    def _attend_explicit(self, q, k, v, mask):
-        """softmax(softcap(q.k / sqrt(D)) + mask) @ v, returning the weights [B, H, Tq, Tk] as well.
-
-        Each K/V head's query heads are stacked as rows of one matmul, so K/V are never repeated.
-        With sinks, each head's sink logit is one more column of the softmax, dropped after it: the
-        weights then sum to 1 - the sink's mass.
-        """
-        B, H, Tq, D = q.shape
-        Hkv, Tk = k.shape[1], k.shape[2]
-        scores = q.reshape(B, Hkv, -1, D) @ k.transpose(-2, -1)  # [B, Hkv, H / Hkv * Tq, Tk]
-        scores = softcap(scores.view(B, H, Tq, Tk).float() / math.sqrt(D), self.score_cap)
-        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
-        if self.sinks is None:
-            weights = torch.softmax(scores, dim=-1)
-        else:
-            sinks = self.sinks.float().view(1, H, 1, 1).expand(B, H, Tq, 1)
-            weights = torch.softmax(torch.cat([scores, sinks], dim=-1), dim=-1)[..., :-1]
-        kept = dropout(weights, self.dropout, self.training).to(v.dtype)
-        y = kept.view(B, Hkv, -1, Tk) @ v  # [B, Hkv, H / Hkv * Tq, Dv]
-        return y.view(B, H, Tq, v.shape[-1]), weights

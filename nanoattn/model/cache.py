@@ -14,8 +14,6 @@ ending at the current one, as for a global layer.
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from nanoattn.runtime import check_fits
@@ -23,10 +21,28 @@ from nanoattn.runtime import check_fits
 
 class _LayerBuffers:
     """What both caches share: per-layer K and V buffers ``self.k``, ``self.v``, each
-    [B, n_kv_head, slots, head_dim]."""
+    [B, n_kv_head, slots, head_dim]; with multi-head latent attention, the joint latent
+    [B, 1, slots, mla_kv_rank] and the unrotated shared rotary key [B, 1, slots, mla_rope_dim]."""
 
     k: list[torch.Tensor]
     v: list[torch.Tensor]
+
+    def _allocate(self, cfg, batch_size: int, slots: list[int], device, dtype: torch.dtype,
+                  what: str) -> None:
+        device = torch.device(device) if device is not None else torch.get_default_device()
+        if cfg.mla_kv_rank is None:
+            widths = ((cfg.n_kv_head, cfg.head_dim), (cfg.n_kv_head, cfg.head_dim))
+        else:
+            widths = ((1, cfg.mla_kv_rank), (1, cfg.mla_rope_dim))
+        per_slot = batch_size * sum(heads * width for heads, width in widths) * dtype.itemsize
+        check_fits(sum(slots) * per_slot, device, what)
+        (k_heads, k_width), (v_heads, v_width) = widths
+        self.k = [torch.zeros(batch_size, k_heads, n, k_width, device=device, dtype=dtype) for n in slots]
+        self.v = [torch.zeros(batch_size, v_heads, n, v_width, device=device, dtype=dtype) for n in slots]
+
+    def bytes_per_token(self) -> int:
+        """The bytes one cached token takes: a slot of K and V in every layer, the whole batch."""
+        return sum((k.nbytes + v.nbytes) // k.shape[2] for k, v in zip(self.k, self.v, strict=True))
 
     @property
     def nbytes(self) -> int:
@@ -45,13 +61,8 @@ class KVCache(_LayerBuffers):
         self.slots = [capacity if window is None else max(1, min(capacity, window - 1))
                       for window in cfg.layer_window]
         self.rolling = [window is not None for window in cfg.layer_window]
-        device = torch.device(device) if device is not None else torch.get_default_device()
-        per_slot = batch_size * cfg.n_kv_head * cfg.head_dim * dtype.itemsize
-        check_fits(2 * sum(self.slots) * per_slot, device,  # K and V
-                   f"a KV cache for {batch_size} sequence(s) x {capacity} tokens")
-        self.k = [torch.zeros(batch_size, cfg.n_kv_head, n, cfg.head_dim, device=device, dtype=dtype)
-                  for n in self.slots]  # [B, n_kv_head, slots, head_dim] per layer
-        self.v = [torch.zeros_like(k) for k in self.k]
+        self._allocate(cfg, batch_size, self.slots, device, dtype,
+                       f"a KV cache for {batch_size} sequence(s) x {capacity} tokens")
         self.capacity = capacity
         self.length = 0  # tokens stored; advanced by the model once every layer has written
 
@@ -96,12 +107,8 @@ class StreamingCache(_LayerBuffers):
     def __init__(self, cfg, batch_size: int, n_sink: int, window: int, *, device=None,
                  dtype=torch.float32) -> None:
         self.n_sink, self.capacity = n_sink, n_sink + window
-        device = torch.device(device) if device is not None else torch.get_default_device()
-        shape = (batch_size, cfg.n_kv_head, self.capacity, cfg.head_dim)
-        check_fits(2 * cfg.n_layer * math.prod(shape) * dtype.itemsize, device,  # K and V
-                   f"a streaming KV cache for {batch_size} sequence(s) x {self.capacity} tokens")
-        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.n_layer)]
-        self.v = [torch.zeros_like(k) for k in self.k]
+        self._allocate(cfg, batch_size, [self.capacity] * cfg.n_layer, device, dtype,
+                       f"a streaming KV cache for {batch_size} sequence(s) x {self.capacity} tokens")
         self.length = 0  # tokens held: slots 0 .. length - 1
 
     def make_room(self, new_tokens: int) -> None:

@@ -17,6 +17,7 @@ from torch import nn
 from nanoattn.config import ModelConfig
 from nanoattn.model.attention import Attention, softcap
 from nanoattn.model.cache import KVCache, StreamingCache
+from nanoattn.model.latent import LatentAttention
 from nanoattn.model.layers import dropout, make_mlp, make_norm
 from nanoattn.positional import build_positional
 
@@ -30,7 +31,7 @@ class Block(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int) -> None:
         super().__init__()
         self.attn_norm = make_norm(cfg)
-        self.attn = Attention(cfg, layer)
+        self.attn = Attention(cfg, layer) if cfg.mla_kv_rank is None else LatentAttention(cfg, layer)
         self.mlp_norm = make_norm(cfg)
         self.mlp = make_mlp(cfg)
         self.dropout = cfg.dropout

@@ -86,15 +86,16 @@ def test_attention_maps_slow_path_equals_fast_path(monkeypatch, pos, scaling, la
 
 
 # Differential attention pairs K/V heads, so its MQA is one pair (n_kv_head=2, the gqa layout).
+# Latent attention is MHA over its latent: its variant sets n_kv_head = n_head whatever the layout.
 VARIANT_LAYOUTS = [(variant, layout) for variant in VARIANTS for layout in LAYOUTS
-                   if (variant, layout) != ("diff_attn", "mqa")]
+                   if (variant, layout) != ("diff_attn", "mqa") and (variant != "mla" or layout == "mha")]
 
 
 @pytest.mark.parametrize(("variant", "layout"), VARIANT_LAYOUTS)
 def test_attention_maps_of_the_variants_equal_their_fast_path(monkeypatch, variant, layout):
     # The capped scores are computed in chunks on the fast path and whole on the slow one.
     monkeypatch.setattr(attention_module, "MASK_CHUNK_ELEMENTS", 2 * 4 * 5 * 24)
-    model = small_model(LAYOUTS[layout], init_std=0.2, **VARIANTS[variant])
+    model = small_model(**{"n_kv_head": LAYOUTS[layout], "init_std": 0.2, **VARIANTS[variant]})
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "qk_norm" in name or "sinks" in name:  # gains off 1, sinks off 0: they must act

@@ -265,8 +265,8 @@ def test_logit_softcap_caps_forward_loss_and_generation_logits():
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_a_variant_model_learns_and_its_maps_are_distributions(variant):
     torch.manual_seed(0)
-    model = GPT(ModelConfig(vocab_size=16, d_model=32, n_layer=2, n_head=4, n_kv_head=2, max_seq_len=16,
-                            **VARIANTS[variant]))
+    fields = dict(vocab_size=16, d_model=32, n_layer=2, n_head=4, n_kv_head=2, max_seq_len=16)
+    model = GPT(ModelConfig(**{**fields, **VARIANTS[variant]}))
     idx = torch.arange(16).repeat(4, 1)  # a fixed sequence to memorise
     losses = fit(model, idx)
     # Half, not less: a logit cap of 1.5 over 16 tokens puts the loss floor at 0.56 nats.

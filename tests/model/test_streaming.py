@@ -19,8 +19,9 @@ SINKS, WINDOW, PROMPT = 2, 6, 5
 
 def model(pos: str = "rope", n_layer: int = 1, **fields) -> GPT:
     torch.manual_seed(0)
-    cfg = ModelConfig(vocab_size=64, d_model=32, n_layer=n_layer, n_head=4, n_kv_head=2, max_seq_len=16,
-                      pos=pos, init_std=0.1, **fields)
+    base = dict(vocab_size=64, d_model=32, n_layer=n_layer, n_head=4, n_kv_head=2, max_seq_len=16, pos=pos,
+                init_std=0.1)
+    cfg = ModelConfig(**{**base, **fields})
     net = GPT(cfg).eval()
     with torch.no_grad():  # parameters that start neutral must act
         for name, p in net.named_parameters():
@@ -35,8 +36,10 @@ def prompt() -> torch.Tensor:
 
 @pytest.mark.parametrize("fields", [dict(pos="rope"), dict(pos="alibi"), dict(pos="xpos"), dict(pos="cope"),
                                     dict(pos="nope"), dict(pos="rope", qk_norm="after_rope"),
-                                    dict(pos="rope", rope_scaling={"type": "dynamic", "factor": 2.0})],
-                         ids=["rope", "alibi", "xpos", "cope", "nope", "rope-qk_norm_after", "rope-dynamic"])
+                                    dict(pos="rope", rope_scaling={"type": "dynamic", "factor": 2.0}),
+                                    dict(pos="rope", mla_kv_rank=12, mla_rope_dim=4, n_kv_head=4)],
+                         ids=["rope", "alibi", "xpos", "cope", "nope", "rope-qk_norm_after", "rope-dynamic",
+                              "mla"])
 def test_one_layer_streaming_equals_recomputing_sinks_and_window_at_cache_positions(fields):
     net = model(**fields)
     decoding = Decoding(net, prompt(), 40, temperature=0, streaming=(SINKS, WINDOW))

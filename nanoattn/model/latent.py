@@ -1,0 +1,86 @@
+"""Multi-head latent attention (MLA; DeepSeek-AI 2024, DeepSeek-V2, arXiv:2405.04434, section 2.1).
+
+- Keys and values come from one joint latent c = RMSNorm(x W_DKV) of rank ``mla_kv_rank``: per
+  head, k_nope = c W_UK and v = c W_UV (``kv_b`` holds both, each head's rows [k_nope | v], as
+  DeepSeek stores them).
+- Position is decoupled: each query head has ``mla_rope_dim`` more dims q_rope, and all heads share
+  one rotary key k_rope = RoPE(x W_KR). A head's query is [q_nope | q_rope] and its key
+  [k_nope | k_rope], so scores are scaled by 1/sqrt(head_dim + mla_rope_dim).
+- Queries come from x, or through a low-rank latent (``mla_q_rank``): RMSNorm(x W_DQ) W_UQ.
+- The cache holds only c and k_rope: ``mla_kv_rank + mla_rope_dim`` numbers per token and layer,
+  against ``2 * n_kv_head * head_dim`` for the fused attention. k_rope is cached unrotated and
+  rotated at its position when read (slots for StreamingLLM), and the latent is expanded to every
+  head's k and v at each step: the plain exact form, not DeepSeek's absorbed matmuls.
+- The rotation is the model's RoPE at width ``mla_rope_dim`` (an instance of its own); the
+  model's positional encoding is still asked for its bias, which RoPE does not add.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from torch import nn
+
+from nanoattn.model.attention import CausalAttention
+from nanoattn.model.cache import KVCache, StreamingCache
+from nanoattn.model.layers import dropout
+from nanoattn.positional.base import PositionalEncoding
+from nanoattn.positional.rope import RotaryPositionalEncoding
+
+
+class LatentAttention(CausalAttention):
+    def __init__(self, cfg, layer: int = 0) -> None:
+        super().__init__(cfg, layer)
+        self.n_head, self.head_dim = cfg.n_head, cfg.head_dim
+        self.rank, self.rope_dim = cfg.mla_kv_rank, cfg.mla_rope_dim
+        H, D, R = cfg.n_head, cfg.head_dim, cfg.mla_rope_dim
+        self.low_rank_queries = cfg.mla_q_rank is not None
+        if not self.low_rank_queries:
+            self.q_proj = nn.Linear(cfg.d_model, H * (D + R), bias=cfg.bias)
+        else:
+            self.q_a = nn.Linear(cfg.d_model, cfg.mla_q_rank, bias=cfg.bias)
+            self.q_norm = nn.RMSNorm(cfg.mla_q_rank, eps=cfg.norm_eps)
+            self.q_b = nn.Linear(cfg.mla_q_rank, H * (D + R), bias=cfg.bias)
+        self.kv_a = nn.Linear(cfg.d_model, self.rank + R, bias=cfg.bias)  # [latent | shared rotary key]
+        self.kv_norm = nn.RMSNorm(self.rank, eps=cfg.norm_eps)
+        self.kv_b = nn.Linear(self.rank, H * 2 * D, bias=cfg.bias)  # per head [k_nope | v]
+        self.proj = nn.Linear(H * D, cfg.d_model, bias=cfg.bias)
+        self.rope = RotaryPositionalEncoding(dataclasses.replace(cfg, d_model=H * R), [layer])
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        pos: PositionalEncoding,
+        positions: torch.Tensor,
+        seq_len: int,
+        *,
+        cache: KVCache | StreamingCache | None = None,
+        layer: int = 0,
+        head_mask: torch.Tensor | None = None,
+        return_weights: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """x [B, T, d_model] at positions [T] -> [B, T, d_model], and the weights when asked."""
+        B, T, _ = x.shape
+        H, D, R = self.n_head, self.head_dim, self.rope_dim
+        q = self.q_b(self.q_norm(self.q_a(x))) if self.low_rank_queries else self.q_proj(x)
+        q_nope, q_rope = q.view(B, T, H, D + R).transpose(1, 2).split([D, R], dim=-1)  # [B, H, T, D], [.., R]
+        latent, k_rope = self.kv_a(x).split([self.rank, R], dim=-1)  # [B, T, rank], [B, T, R]
+        latent, k_rope = self.kv_norm(latent)[:, None], k_rope[:, None]  # one "head" each: [B, 1, T, .]
+        if cache is not None:
+            latent, k_rope = cache.update(layer, latent, k_rope)  # every cached token: [B, 1, Tk, .]
+        Tk = latent.shape[2]
+        k_positions = torch.arange(seq_len - Tk, seq_len, device=x.device)
+        q = torch.cat([q_nope, self.rope.rotate(q_rope, positions, seq_len)], dim=-1)  # [B, H, T, D + R]
+        k_nope, v = self.kv_b(latent[:, 0]).view(B, Tk, H, 2 * D).transpose(1, 2).split([D, D], dim=-1)
+        k_rope = self.rope.rotate(k_rope.to(k_nope.dtype), k_positions, seq_len).expand(B, H, Tk, R)
+        k, v = torch.cat([k_nope, k_rope], dim=-1).to(q.dtype), v.to(q.dtype)  # [B, H, Tk, D + R], [.., D]
+        if return_weights:
+            mask = self._mask(q, k, positions, k_positions, pos, layer, torch.float32)
+            y, weights = self._attend_explicit(q, k, v, mask)
+        else:
+            y, weights = self._attend(q, k, v, positions, k_positions, pos, layer), None
+        if head_mask is not None:
+            y = y * head_mask.to(y.dtype).view(1, H, 1, 1)
+        y = y.transpose(1, 2).reshape(B, T, H * D)
+        return dropout(self.proj(y), self.dropout, self.training), weights
