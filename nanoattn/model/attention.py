@@ -83,6 +83,22 @@ class CausalAttention(nn.Module):
         self.explicit = self.score_cap is not None or self.sinks is not None  # SDPA cannot compute them
         self.window = cfg.layer_window[layer]  # None: every earlier key
 
+    def _heads(self, q, k, v, q_positions, k_positions, pos, layer, return_weights):
+        """q [B, H, Tq, D] over k [B, Hkv, Tk, D], v [B, Hkv, Tk, Dv] -> (y [B, H, Tq, Dv], the
+        weights [B, H, Tq, Tk] from the explicit path when ``return_weights``, else None)."""
+        if return_weights:
+            mask = self._mask(q, k, q_positions, k_positions, pos, layer, torch.float32)
+            return self._attend_explicit(q, k, v, mask)
+        return self._attend(q, k, v, q_positions, k_positions, pos, layer), None
+
+    def _project(self, y: torch.Tensor, head_mask: torch.Tensor | None) -> torch.Tensor:
+        """Heads y [B, heads, T, Dv], each scaled by ``head_mask`` [heads], concatenated and
+        projected by ``self.proj`` -> [B, T, d_model]."""
+        if head_mask is not None:
+            y = y * head_mask.to(y.dtype).view(1, -1, 1, 1)
+        B, _, T, _ = y.shape
+        return dropout(self.proj(y.transpose(1, 2).reshape(B, T, -1)), self.dropout, self.training)
+
     def _attend(self, q, k, v, q_positions, k_positions, pos, layer) -> torch.Tensor:
         """Fast path. q [B, H, Tq, D], k [B, Hkv, Tk, D], v [B, Hkv, Tk, Dv] -> [B, H, Tq, Dv]."""
         B, H, Tq, D = q.shape
@@ -213,18 +229,9 @@ class Attention(CausalAttention):
             k_positions = torch.arange(seq_len - k.shape[2], seq_len, device=x.device)
         k, v = k.to(q.dtype), v.to(q.dtype)
 
-        if self.differential:
-            y, weights = self._differential(q, k, v, positions, k_positions, pos, layer, return_weights)
-        elif return_weights:
-            mask = self._mask(q, k, positions, k_positions, pos, layer, torch.float32)
-            y, weights = self._attend_explicit(q, k, v, mask)
-        else:
-            y, weights = self._attend(q, k, v, positions, k_positions, pos, layer), None
-        if head_mask is not None:
-            y = y * head_mask.to(y.dtype).view(1, -1, 1, 1)
-        y = y.transpose(1, 2).reshape(B, T, H * D)  # [B, T, d_model]: concat heads
-        y = dropout(self.proj(y), self.dropout, self.training)
-        return y, weights
+        attend = self._differential if self.differential else self._heads
+        y, weights = attend(q, k, v, positions, k_positions, pos, layer, return_weights)
+        return self._project(y, head_mask), weights
 
     def _place(self, x: torch.Tensor, side: str, pos: PositionalEncoding, positions: torch.Tensor,
                seq_len: int) -> torch.Tensor:
@@ -250,14 +257,10 @@ class Attention(CausalAttention):
         lam = (first - second + self.lambda_init).to(q.dtype)
         outputs, maps = [], []
         for half in (0, 1):
-            q_half, k_half = q[:, half::2], k[:, half::2]
-            if return_weights:
-                mask = self._mask(q_half, k_half, q_positions, k_positions, pos, layer, torch.float32)
-                y, weights = self._attend_explicit(q_half, k_half, values, mask)
-                maps.append(weights)
-            else:
-                y = self._attend(q_half, k_half, values, q_positions, k_positions, pos, layer)
+            y, weights = self._heads(q[:, half::2], k[:, half::2], values, q_positions, k_positions, pos,
+                                     layer, return_weights)
             outputs.append(y)
+            maps.append(weights)
         y = self.head_norm(outputs[0] - lam * outputs[1]) * (1 - self.lambda_init)
         weights = (maps[0] - lam.float() * maps[1]) / (1 - lam.float()) if return_weights else None
         return y.to(q.dtype), weights

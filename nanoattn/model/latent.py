@@ -24,7 +24,6 @@ from torch import nn
 
 from nanoattn.model.attention import CausalAttention
 from nanoattn.model.cache import KVCache, StreamingCache
-from nanoattn.model.layers import dropout
 from nanoattn.positional.base import PositionalEncoding
 from nanoattn.positional.rope import RotaryPositionalEncoding
 
@@ -75,12 +74,5 @@ class LatentAttention(CausalAttention):
         k_nope, v = self.kv_b(latent[:, 0]).view(B, Tk, H, 2 * D).transpose(1, 2).split([D, D], dim=-1)
         k_rope = self.rope.rotate(k_rope.to(k_nope.dtype), k_positions, seq_len).expand(B, H, Tk, R)
         k, v = torch.cat([k_nope, k_rope], dim=-1).to(q.dtype), v.to(q.dtype)  # [B, H, Tk, D + R], [.., D]
-        if return_weights:
-            mask = self._mask(q, k, positions, k_positions, pos, layer, torch.float32)
-            y, weights = self._attend_explicit(q, k, v, mask)
-        else:
-            y, weights = self._attend(q, k, v, positions, k_positions, pos, layer), None
-        if head_mask is not None:
-            y = y * head_mask.to(y.dtype).view(1, H, 1, 1)
-        y = y.transpose(1, 2).reshape(B, T, H * D)
-        return dropout(self.proj(y), self.dropout, self.training), weights
+        y, weights = self._heads(q, k, v, positions, k_positions, pos, layer, return_weights)
+        return self._project(y, head_mask), weights
