@@ -14,7 +14,7 @@ from nanoattn.eval.compare import length_table
 from nanoattn.eval.length import MODES, REPORT_STEM, evaluate_lengths, held_out_stream
 from nanoattn.eval.plots import plot_length_curves
 from nanoattn.eval.runs import AtLengthsConfig, checkpoint_fields
-from nanoattn.validation import check_choice, check_positive_int
+from nanoattn.validation import check_choice, check_non_negative_int, check_positive_int
 
 
 @dataclass
@@ -24,8 +24,11 @@ class LengthEvalConfig(AtLengthsConfig):
     owner = "eval_length"
     report_stem = REPORT_STEM
 
-    mode: str = "chunks"  # chunks: windows end to end | sliding: advanced by stride, the last stride scored
+    # chunks: windows end to end | sliding: advanced by stride, the last stride scored | streaming:
+    # StreamingLLM, the whole stream through a cache of each length, n_sink of it the first tokens
+    mode: str = "chunks"
     stride: int | None = None  # sliding only; None: half of each length
+    n_sink: int = 4  # streaming only: StreamingLLM's sink tokens (0: window attention alone)
     max_tokens: int = 32768  # targets scored at every length: the first max_tokens of the held-out split
 
     def __post_init__(self) -> None:
@@ -33,6 +36,7 @@ class LengthEvalConfig(AtLengthsConfig):
         check_choice(self.owner, "mode", self.mode, MODES)
         if self.stride is not None:
             check_positive_int(self.owner, "stride", self.stride)
+        check_non_negative_int(self.owner, "n_sink", self.n_sink)
         check_positive_int(self.owner, "max_tokens", self.max_tokens)
 
 
@@ -41,11 +45,13 @@ def run_length_eval(cfg: LengthEvalConfig) -> dict[str, Any]:
     checkpoint, data = cfg.load()
     sweep = evaluate_lengths(checkpoint.model, held_out_stream(data, cfg.max_tokens),
                              cfg.lengths_for(checkpoint.train_seq_len), mode=cfg.mode, stride=cfg.stride,
-                             batch_size=cfg.batch_size, dtype=cfg.dtype, bytes_per_token=data.bytes_per_token)
+                             batch_size=cfg.batch_size, dtype=cfg.dtype, bytes_per_token=data.bytes_per_token,
+                             n_sink=cfg.n_sink)
     report = {
         **checkpoint_fields(checkpoint),
         "mode": cfg.mode,
         "stride": cfg.stride,
+        "n_sink": cfg.n_sink if cfg.mode == "streaming" else None,
         "max_tokens": cfg.max_tokens,
         "data_dir": str(data.data_dir),
         "dtype": cfg.dtype,

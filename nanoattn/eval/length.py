@@ -15,6 +15,10 @@ Design choices:
   targets get more context than a pure chunk would give them; the alternative, dropping the
   tail, would make lengths score different text. A length longer than the stream is an error
   entry, not a silently shorter window.
+- ``streaming`` is StreamingLLM's protocol (Xiao et al. 2023, ``score_streaming``): the whole
+  stream goes through one cache of L tokens, ``n_sink`` sinks and the newest L - n_sink, so every
+  target after the first L sees exactly that; ``n_sink=0`` is window attention with a rolling
+  cache, the baseline the paper shows collapsing. It has no per-position curve.
 - Per-position loss: the mean loss at each position 0..L-1 over all windows of a length (every
   position of every window, scored or not), the "why" behind a perplexity: a flat curve that
   jumps after the training length is an encoding that does not extrapolate. With chunks and
@@ -57,7 +61,7 @@ from nanoattn.model import StreamingCache
 from nanoattn.runtime import DTYPES, autocast, autocast_dtype, synchronize
 from nanoattn.validation import as_float, check_choice, check_positive_int, fail, is_int
 
-MODES = ("chunks", "sliding")
+MODES = ("chunks", "sliding", "streaming")
 DEFAULT_MULTIPLES = (1, 1.25, 1.5, 2, 4, 8, 16)
 REPORT_STEM = "length_eval"  # <run dir>/length_eval[_<scaling>][_step<N>].json
 CLEAR_REFS = Path("/proc/self/clear_refs")  # Linux: writing "5" resets the peak RSS (VmHWM)
@@ -171,14 +175,18 @@ class LengthSweep(NamedTuple):
 
 def evaluate_lengths(model, tokens: torch.Tensor, lengths: Sequence[int], *, mode: str = "chunks",
                      stride: int | None = None, batch_size: int = 4, dtype: str = "float32",
-                     bytes_per_token: float | None = None) -> LengthSweep:
-    """Every length scored on the same stream ``tokens`` (1-D int64, n + 1 tokens)."""
+                     bytes_per_token: float | None = None, n_sink: int = 4) -> LengthSweep:
+    """Every length scored on the same stream ``tokens`` (1-D int64, n + 1 tokens); in streaming
+    mode a length is the cache's size, ``n_sink`` of it sinks."""
     check_choice("length_eval", "mode", mode, MODES)
     check_choice("length_eval", "dtype", dtype, DTYPES)
     lengths = check_lengths("length_eval", lengths)
-    if mode == "chunks" and stride is not None:
-        raise ValueError(f"length_eval.stride={stride} is invalid with mode='chunks' (windows do not "
+    if mode != "sliding" and stride is not None:
+        raise ValueError(f"length_eval.stride={stride} is invalid with mode={mode!r} (only sliding windows "
                          "overlap); use mode=sliding or stride=null")
+    if mode == "streaming" and lengths[0] <= n_sink:
+        raise ValueError(f"length_eval.lengths={lengths} is invalid with mode='streaming': each is a cache "
+                         f"of n_sink={n_sink} sinks plus a window, so it must exceed n_sink")
     if stride is not None:
         check_positive_int("length_eval", "stride", stride)
         if stride > lengths[0]:
@@ -193,8 +201,12 @@ def evaluate_lengths(model, tokens: torch.Tensor, lengths: Sequence[int], *, mod
         try:
             with memory:
                 began = time.perf_counter()
-                loss, n, positions = score_length(model, tokens, length, stride=window_stride,
-                                                  batch_size=batch_size, dtype=dtype)
+                if mode == "streaming":
+                    loss, n = score_streaming(model, tokens, n_sink, length - n_sink, dtype=dtype)
+                    positions = None
+                else:
+                    loss, n, positions = score_length(model, tokens, length, stride=window_stride,
+                                                      batch_size=batch_size, dtype=dtype)
                 synchronize(device)
                 seconds = time.perf_counter() - began
         except (ValueError, torch.OutOfMemoryError) as e:
@@ -204,7 +216,8 @@ def evaluate_lengths(model, tokens: torch.Tensor, lengths: Sequence[int], *, mod
             result.ppl = math.exp(loss)
             result.bpb = None if bytes_per_token is None else bits_per_byte(loss, bytes_per_token)
             result.peak_memory_bytes = memory.bytes
-            per_position, per_position_length = positions.tolist(), length
+            if positions is not None:
+                per_position, per_position_length = positions.tolist(), length
         results.append(result)
     return LengthSweep(results, per_position, per_position_length)
 

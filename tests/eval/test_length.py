@@ -152,6 +152,26 @@ def test_lengths_from_multiples():
         lengths_from_multiples(128, [1, -2])
 
 
+@pytest.mark.parametrize("n_sink", [0, 2])
+def test_streaming_mode_matches_per_target_forward_passes_over_sinks_and_window(n_sink):
+    """One layer, so cached keys and values depend on their token alone: target j is predicted from
+    the first n_sink tokens and the newest 8 - n_sink, at positions 0..7 (StreamingLLM)."""
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(vocab_size=VOCAB, d_model=32, n_layer=1, n_head=4, n_kv_head=2,
+                            max_seq_len=16)).eval()
+    tokens = torch.randint(0, VOCAB, (41,), generator=torch.Generator().manual_seed(1))
+    window = 8 - n_sink
+    total = 0.0
+    with torch.no_grad():
+        for j in range(1, 41):
+            context = tokens[:j] if j <= 8 else torch.cat([tokens[:n_sink], tokens[j - window:j]])
+            total -= F.log_softmax(model(context[None])[0, -1].double(), dim=-1)[tokens[j]].item()
+    [result] = evaluate_lengths(model, tokens, [8], mode="streaming", n_sink=n_sink).results
+    assert result.tokens == 40 and result.loss == pytest.approx(total / 40, abs=1e-5)
+    with pytest.raises(ValueError, match="each is a cache of n_sink=8 sinks plus a window"):
+        evaluate_lengths(model, tokens, [8], mode="streaming", n_sink=8)
+
+
 def test_bad_arguments_are_one_line_errors():
     model = tiny_model("rope")
     tokens = torch.zeros(65, dtype=torch.long)
