@@ -1,4 +1,4 @@
-"""``scripts/extrapolation_lab.py``: the two labs of docs/extrapolation.md, one driver.
+"""``scripts/extrapolation_lab.py`` and ``scripts/attention_lab.py``: the labs, one driver.
 
 Design choices:
 
@@ -11,6 +11,9 @@ Design choices:
 - The perplexity lab evaluates each encoding in non-overlapping chunks (the protocol of Press et
   al. 2022, whose result it reproduces), then the RoPE run again under each of ``LAB_SCALINGS``.
   The passkey lab evaluates each encoding's passkey fine-tune; its table averages the depths.
+- The attention lab trains the same tiny model with RoPE once per attention variant
+  (``configs/attention/<name>.yaml``, a Hydra group like ``pos``) and evaluates each in chunks
+  at 1-16x; its table adds each run's KV cache per token (``KVCache.bytes_per_token``).
 - Defaults are the evaluation commands' own (``LengthEvalConfig``, ``PasskeyEvalConfig``), read
   from their dataclasses rather than stated again.
 """
@@ -26,16 +29,19 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
+from nanoattn.checkpoint import read_checkpoint_config
 from nanoattn.commands.eval_length import LengthEvalConfig, run_length_eval
 from nanoattn.commands.eval_passkey import PasskeyEvalConfig, run_passkey_eval
+from nanoattn.config import ModelConfig
 from nanoattn.eval.compare import length_table
 from nanoattn.eval.passkey import passkey_summary_table
 from nanoattn.eval.plots import plot_length_curves, plot_passkey
 from nanoattn.eval.runs import is_path, scaling_tag
 from nanoattn.eval.tables import write_table
 from nanoattn.logging import read_metrics
+from nanoattn.model import KVCache
 from nanoattn.runtime import DTYPES, check_device_name
 from nanoattn.validation import check_bool, check_choice, check_positive_int, fail
 
@@ -47,20 +53,23 @@ LAB_ENCODINGS = ("sinusoidal", "learned", "rope", "alibi", "nope", "t5", "kerple
 LAB_SCALINGS = tuple({"type": kind, "factor": factor} for kind, factor in
                      (("linear", 4), ("linear", 16), ("ntk", 4), ("dynamic", 4), ("yarn", 4), ("yarn", 16)))
 LAB_DOC = "extrapolation.md"  # both labs' tables, between their markers
+# The attention lab's rows: configs/attention/<name>.yaml each; runs land in runs/attention/<name>.
+ATTENTION_VARIANTS = ("plain", "qk_norm", "qk_norm_after", "softcap", "sinks", "window", "local_global",
+                      "diff", "mla")
+ATTENTION_DOC = "attention.md"
 
 Job = tuple[str, str, Mapping[str, Any] | None]  # (label, pos: the run <runs_root>/<pos>, zero-shot scaling)
 Reports = Sequence[Mapping[str, Any]]
 
 
 @dataclass
-class LabConfig:
-    """Every key of ``scripts/extrapolation_lab.py``."""
+class LabRunsConfig:
+    """The keys every lab has: where its runs are, how to train them, how to evaluate them."""
 
-    passkey: bool = False  # the passkey lab (runs/passkey/<pos>), not perplexity (runs/extrapolation/<pos>)
-    runs_root: str | None = None  # where the runs are; None: runs/extrapolation, or runs/passkey
-    out_dir: str = "docs"  # <out_dir>/{extrapolation,passkey}.png and the table in <out_dir>/extrapolation.md
-    max_tokens: int = LengthEvalConfig.max_tokens  # perplexity lab: targets scored at every length
-    samples: int = PasskeyEvalConfig.samples  # passkey lab: keys per length and depth
+    owner: ClassVar[str]
+    runs_root: str | None = None  # where the runs are; None: runs/<lab>
+    out_dir: str = "docs"  # <out_dir>/<lab>.png and the table in <out_dir>/<the lab's page>
+    max_tokens: int = LengthEvalConfig.max_tokens  # perplexity labs: targets scored at every length
     batch_size: int = LengthEvalConfig.batch_size
     dtype: str = LengthEvalConfig.dtype
     device: str = LengthEvalConfig.device
@@ -69,8 +78,7 @@ class LabConfig:
     train_overrides: list[str] = dataclasses.field(default_factory=list)  # e.g. [train.max_steps=500]
 
     def __post_init__(self) -> None:
-        own = "extrapolation_lab"
-        check_bool(own, "passkey", self.passkey)
+        own = self.owner
         check_bool(own, "train", self.train)
         check_positive_int(own, "workers", self.workers)
         if not isinstance(self.train_overrides, (list, tuple)) or not all(
@@ -80,19 +88,40 @@ class LabConfig:
             fail(own, "runs_root", self.runs_root, "must be a folder or null")
         if not is_path(self.out_dir):
             fail(own, "out_dir", self.out_dir, "must be a folder")
-        for name in ("max_tokens", "samples", "batch_size"):
+        for name in ("max_tokens", "batch_size"):
             check_positive_int(own, name, getattr(self, name))
         check_choice(own, "dtype", self.dtype, DTYPES)
         check_device_name(own, "device", self.device)
+
+
+@dataclass
+class LabConfig(LabRunsConfig):
+    """Every key of ``scripts/extrapolation_lab.py``."""
+
+    owner: ClassVar[str] = "extrapolation_lab"
+    passkey: bool = False  # the passkey lab (runs/passkey/<pos>), not perplexity (runs/extrapolation/<pos>)
+    samples: int = PasskeyEvalConfig.samples  # passkey lab: keys per length and depth
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_bool(self.owner, "passkey", self.passkey)
+        check_positive_int(self.owner, "samples", self.samples)
 
     @property
     def lab(self) -> str:
         return "passkey" if self.passkey else "extrapolation"
 
 
+@dataclass
+class AttentionLabConfig(LabRunsConfig):
+    """Every key of ``scripts/attention_lab.py``."""
+
+    owner: ClassVar[str] = "attention_lab"
+
+
 def train_runs(lab: str, runs_root: Path, names: Sequence[str], workers: int,
-               overrides: Sequence[str]) -> None:
-    """Train ``<runs_root>/<name>`` for each name with ``scripts/train.py experiment=<lab> pos=<name>``,
+               overrides: Sequence[str], group: str = "pos") -> None:
+    """Train ``<runs_root>/<name>`` for each name with ``scripts/train.py experiment=<lab> <group>=<name>``,
     ``workers`` processes at a time, each on cpu_count // workers threads (small models use cores
     better side by side than one model on all of them). A run already there is resumed, so a
     finished one ends at once and a killed lab continues. Each run's output goes to
@@ -108,7 +137,7 @@ def train_runs(lab: str, runs_root: Path, names: Sequence[str], workers: int,
         while pending and len(running) < workers:
             name = pending.pop(0)
             resume = ["train.resume=true"] if (runs_root / name / "config.yaml").exists() else []
-            command = [sys.executable, str(script), f"experiment={lab}", f"pos={name}",
+            command = [sys.executable, str(script), f"experiment={lab}", f"{group}={name}",
                        f"out_dir={runs_root}", "logger=none", *resume, *overrides]
             log = (runs_root / f"{name}.log").open("w")
             running[name] = (subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env),
@@ -134,13 +163,14 @@ def training_speed(run: Path) -> float | None:
 def run_lab(lab: str, runs_root: Path, out_dir: Path, jobs: Sequence[Job],
             evaluate: Callable[[Path, Mapping[str, Any] | None], dict[str, Any]],
             plot: Callable[[Reports, Sequence[str], Path], Path],
-            table: Callable[[Reports, Sequence[str]], str]) -> str:
-    """Evaluate every job, then write ``<out_dir>/<lab>.png`` and the table; returns the table."""
+            table: Callable[[Reports, Sequence[str]], str], *, group: str = "pos", doc: str = LAB_DOC) -> str:
+    """Evaluate every job, then write ``<out_dir>/<lab>.png`` and the table (in ``<out_dir>/<doc>``);
+    returns the table."""
     missing = sorted({pos for _, pos, _ in jobs if not (runs_root / pos).is_dir()})
     if missing:
-        encodings = ",".join(dict.fromkeys(pos for _, pos, _ in jobs))
+        names = ",".join(dict.fromkeys(pos for _, pos, _ in jobs))
         raise ValueError(f"no run directory for {', '.join(missing)} under {runs_root}; train them with "
-                         f"python scripts/train.py -m experiment={lab} pos={encodings}")
+                         f"python scripts/train.py -m experiment={lab} {group}={names}")
     labels, reports = [], []
     for label, pos, scaling in jobs:
         began = time.perf_counter()
@@ -150,7 +180,7 @@ def run_lab(lab: str, runs_root: Path, out_dir: Path, jobs: Sequence[Job],
     out_dir.mkdir(parents=True, exist_ok=True)
     plot(reports, labels, out_dir / f"{lab}.png")
     text = table(reports, labels)
-    write_table(out_dir / LAB_DOC, text, name=f"{lab}-table")
+    write_table(out_dir / doc, text, name=f"{lab}-table")
     return text
 
 
@@ -183,4 +213,30 @@ def extrapolation_lab(cfg: LabConfig) -> str:
     print(table, end="")
     print(f"lab done in {time.perf_counter() - began:.0f} s; wrote {out_dir / LAB_DOC} and "
           f"{out_dir / cfg.lab}.png")
+    return table
+
+
+def attention_lab(cfg: AttentionLabConfig) -> str:
+    """The command: train (with ``train``) and evaluate every attention variant; print its table."""
+    began = time.perf_counter()
+    runs_root, out_dir = Path(cfg.runs_root or "runs/attention"), Path(cfg.out_dir)
+    if cfg.train:
+        train_runs("attention", runs_root, ATTENTION_VARIANTS, cfg.workers, cfg.train_overrides,
+                   group="attention")
+
+    def evaluate(run: Path, _: Mapping[str, Any] | None) -> dict[str, Any]:
+        report = run_length_eval(LengthEvalConfig(ckpt=str(run), max_tokens=cfg.max_tokens, mode="chunks",
+                                                  batch_size=cfg.batch_size, dtype=cfg.dtype,
+                                                  device=cfg.device))
+        # The variant's prices: its run's training speed, and the KV cache one decoded token adds.
+        model = ModelConfig.from_dict(read_checkpoint_config(run)["model"])
+        return {**report, "train_tok_per_s": training_speed(run),
+                "kv_bytes_per_token": KVCache(model, 1, 1, device="cpu").bytes_per_token()}
+
+    jobs: list[Job] = [(name, name, None) for name in ATTENTION_VARIANTS]
+    table = run_lab("attention", runs_root, out_dir, jobs, evaluate, plot_length_curves, length_table,
+                    group="attention", doc=ATTENTION_DOC)
+    print(table, end="")
+    print(f"lab done in {time.perf_counter() - began:.0f} s; wrote {out_dir / ATTENTION_DOC} and "
+          f"{out_dir / 'attention.png'}")
     return table

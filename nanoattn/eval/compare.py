@@ -42,16 +42,19 @@ def load_report(path: str | Path) -> tuple[str, dict[str, Any]]:
     return report_label(file, REPORT_STEM), report
 
 
+# Optional columns of length_table: a report key and its header.
+LAB_COLUMNS = (("train_tok_per_s", "train tok/s"), ("kv_bytes_per_token", "KV bytes/token"))
+
+
 def length_table(reports: Sequence[Mapping[str, Any]], labels: Sequence[str]) -> str:
     """Rows: runs; columns: lengths; cells: ``ppl (ppl / ppl at the training length ×)``."""
     lengths = sorted({r["length"] for report in reports for r in report["results"]})
     train_lengths = {report["train_seq_len"] for report in reports}
     shared = next(iter(train_lengths)) if len(train_lengths) == 1 else None
     header = ["run", *(f"{n} ({n / shared:g}×)" if shared else str(n) for n in lengths)]
-    # Reports of the extrapolation lab carry their run's training speed: the encoding's price.
-    speeds = [report.get("train_tok_per_s") for report in reports]
-    if any(speeds):
-        header.append("train tok/s")
+    # The labs' reports carry their run's price: training speed, and the KV cache per token.
+    extras = [(key, title) for key, title in LAB_COLUMNS if any(report.get(key) for report in reports)]
+    header += [title for _, title in extras]
     rows = []
     for report, label in zip(reports, labels, strict=True):
         by_length = {r["length"]: r for r in report["results"]}
@@ -66,8 +69,6 @@ def length_table(reports: Sequence[Mapping[str, Any]], labels: Sequence[str]) ->
             else:
                 ratio = f" ({result['ppl'] / base:.2f}×)" if base else ""
                 cells.append(f"{result['ppl']:.1f}{ratio}")
-        if any(speeds):
-            speed = report.get("train_tok_per_s")
-            cells.append(f"{speed:,.0f}" if speed else "")
+        cells += [f"{report[key]:,.0f}" if report.get(key) else "" for key, _ in extras]
         rows.append([label, *cells])
     return format_table(header, rows)

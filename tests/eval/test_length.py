@@ -22,7 +22,14 @@ from nanoattn import GPT, ModelConfig, load_checkpoint
 from nanoattn.checkpoint import save_checkpoint
 from nanoattn.commands import labs
 from nanoattn.commands.eval_length import LengthEvalConfig, eval_length, run_length_eval
-from nanoattn.commands.labs import LAB_ENCODINGS, LAB_SCALINGS, LabConfig, extrapolation_lab
+from nanoattn.commands.labs import (
+    LAB_ENCODINGS,
+    LAB_SCALINGS,
+    AttentionLabConfig,
+    LabConfig,
+    attention_lab,
+    extrapolation_lab,
+)
 from nanoattn.config import DataConfig
 from nanoattn.data import TokenData, ensure_prepared
 from nanoattn.eval import evaluate_lengths, lengths_from_multiples, score_length
@@ -36,10 +43,11 @@ REPO = Path(__file__).resolve().parents[2]
 VOCAB = 32
 
 
-def tiny_model(pos: str, max_seq_len: int = 16, vocab_size: int = VOCAB, seed: int = 0) -> GPT:
+def tiny_model(pos: str, max_seq_len: int = 16, vocab_size: int = VOCAB, seed: int = 0, **variant) -> GPT:
     torch.manual_seed(seed)
-    cfg = ModelConfig(vocab_size=vocab_size, d_model=32, n_layer=2, n_head=4, n_kv_head=2, d_ff=64,
-                      max_seq_len=max_seq_len, pos=pos)
+    fields = dict(vocab_size=vocab_size, d_model=32, n_layer=2, n_head=4, n_kv_head=2, d_ff=64,
+                  max_seq_len=max_seq_len, pos=pos)
+    cfg = ModelConfig(**{**fields, **variant})
     return GPT(cfg).eval()
 
 
@@ -237,9 +245,9 @@ def prepared(tmp_path_factory) -> Path:
     return ensure_prepared(cfg)
 
 
-def save_run(run_dir: Path, pos: str, data_dir: Path) -> Path:
+def save_run(run_dir: Path, pos: str, data_dir: Path, **variant) -> Path:
     data = TokenData(data_dir)
-    model = tiny_model(pos, max_seq_len=32, vocab_size=data.vocab_size)
+    model = tiny_model(pos, max_seq_len=32, vocab_size=data.vocab_size, **variant)
     save_checkpoint(run_dir / "checkpoints", "100", model, train_seq_len=32, step=100,
                     tokenizer_file=data_dir / "tokenizer.json")
     (run_dir / "config.yaml").write_text(f"data:\n  root: {data_dir.parent}\n  name: {data_dir.name}\n")
@@ -387,6 +395,35 @@ def test_the_extrapolation_lab_evaluates_every_run_and_rewrites_only_its_table(p
     assert (docs / "extrapolation.png").stat().st_size > 10_000
     printed = capsys.readouterr().out
     assert printed.count("evaluated in") == len(labels) and table in printed
+
+
+def test_the_attention_lab_evaluates_every_variant_with_its_kv_cache_price(prepared, tmp_path, capsys,
+                                                                          monkeypatch):
+    monkeypatch.setattr(labs, "ATTENTION_VARIANTS", ("plain", "window", "mla"))
+    runs, docs = tmp_path / "runs", tmp_path / "docs"
+    save_run(runs / "plain", "rope", prepared)
+    save_run(runs / "window", "rope", prepared, sliding_window=8)
+    cfg = AttentionLabConfig(runs_root=str(runs), out_dir=str(docs), max_tokens=512)
+    with pytest.raises(ValueError, match="no run directory for mla under .*experiment=attention attention="):
+        attention_lab(cfg)
+    save_run(runs / "mla", "rope", prepared, mla_kv_rank=8, mla_rope_dim=4, n_kv_head=4)
+    docs.mkdir()
+    (docs / "attention.md").write_text("# Attention\n")
+    gc.freeze()
+    try:
+        table = attention_lab(cfg)
+    finally:
+        gc.unfreeze()
+    rows = table.splitlines()
+    assert rows[0].endswith("| 512 (16×) | train tok/s | KV bytes/token |")
+    assert [row.split(" | ")[0].removeprefix("| ") for row in rows[2:]] == ["plain", "window", "mla"]
+    # float32 per token, both layers: 2 x (K + V) x 2 K/V heads x 8 dims x 4 bytes = 256 (the window's
+    # cache rolls, but a token still takes its slot); the latent: 2 x (8 + 4) x 4 = 96.
+    assert rows[2].endswith("| 2,000 | 256 |") and rows[3].endswith("| 2,000 | 256 |")
+    assert rows[4].endswith("| 2,000 | 96 |")
+    assert (docs / "attention.md").read_text() == \
+        f"# Attention\n\n<!-- attention-table:begin -->\n{table}<!-- attention-table:end -->\n"
+    assert (docs / "attention.png").stat().st_size > 10_000 and table in capsys.readouterr().out
 
 
 def test_out_never_overwrites_a_file_that_is_not_a_report(prepared, tmp_path):
