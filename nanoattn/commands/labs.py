@@ -154,6 +154,12 @@ def train_runs(lab: str, runs_root: Path, names: Sequence[str], workers: int,
         raise ValueError(f"training failed for {', '.join(failed)}: see {runs_root}/<name>.log")
 
 
+def largest_attention_logit(run: Path) -> float | None:
+    """The largest ``max_attn_logit`` a run logged at its evaluations (metrics.jsonl), None if none."""
+    logits = [r["max_attn_logit"] for r in read_metrics(run / "metrics.jsonl") if "max_attn_logit" in r]
+    return max(logits) if logits else None
+
+
 def training_speed(run: Path) -> float | None:
     """Median training tokens/s of a run's logged intervals (metrics.jsonl), None if it logged none."""
     speeds = [r["tok_per_s"] for r in read_metrics(run / "metrics.jsonl") if "tok_per_s" in r]
@@ -228,10 +234,12 @@ def attention_lab(cfg: AttentionLabConfig) -> str:
         report = run_length_eval(LengthEvalConfig(ckpt=str(run), max_tokens=cfg.max_tokens, mode="chunks",
                                                   batch_size=cfg.batch_size, dtype=cfg.dtype,
                                                   device=cfg.device))
-        # The variant's prices: its run's training speed, and the KV cache one decoded token adds.
+        # The variant's prices, its training speed and the KV cache a decoded token adds, and the
+        # largest attention logit its evaluations saw during training.
         model = ModelConfig.from_dict(read_checkpoint_config(run)["model"])
         return {**report, "train_tok_per_s": training_speed(run),
-                "kv_bytes_per_token": KVCache(model, 1, 1, device="cpu").bytes_per_token()}
+                "kv_bytes_per_token": KVCache(model, 1, 1, device="cpu").bytes_per_token(),
+                "max_attn_logit": largest_attention_logit(run)}
 
     jobs: list[Job] = [(name, name, None) for name in ATTENTION_VARIANTS]
     table = run_lab("attention", runs_root, out_dir, jobs, evaluate, plot_length_curves, length_table,

@@ -42,8 +42,10 @@ def load_report(path: str | Path) -> tuple[str, dict[str, Any]]:
     return report_label(file, REPORT_STEM), report
 
 
-# Optional columns of length_table: a report key and its header.
-LAB_COLUMNS = (("train_tok_per_s", "train tok/s"), ("kv_bytes_per_token", "KV bytes/token"))
+# Optional columns of length_table: a report key, its header and its cells' format.
+LAB_COLUMNS = (("train_tok_per_s", "train tok/s", "{:,.0f}"),
+               ("kv_bytes_per_token", "KV bytes/token", "{:,.0f}"),
+               ("max_attn_logit", "max attention logit", "{:.1f}"))
 
 
 def length_table(reports: Sequence[Mapping[str, Any]], labels: Sequence[str]) -> str:
@@ -53,8 +55,8 @@ def length_table(reports: Sequence[Mapping[str, Any]], labels: Sequence[str]) ->
     shared = next(iter(train_lengths)) if len(train_lengths) == 1 else None
     header = ["run", *(f"{n} ({n / shared:g}×)" if shared else str(n) for n in lengths)]
     # The labs' reports carry their run's price: training speed, and the KV cache per token.
-    extras = [(key, title) for key, title in LAB_COLUMNS if any(report.get(key) for report in reports)]
-    header += [title for _, title in extras]
+    extras = [column for column in LAB_COLUMNS if any(report.get(column[0]) for report in reports)]
+    header += [title for _, title, _ in extras]
     rows = []
     for report, label in zip(reports, labels, strict=True):
         by_length = {r["length"]: r for r in report["results"]}
@@ -69,6 +71,6 @@ def length_table(reports: Sequence[Mapping[str, Any]], labels: Sequence[str]) ->
             else:
                 ratio = f" ({result['ppl'] / base:.2f}×)" if base else ""
                 cells.append(f"{result['ppl']:.1f}{ratio}")
-        cells += [f"{report[key]:,.0f}" if report.get(key) else "" for key, _ in extras]
+        cells += [form.format(report[key]) if report.get(key) else "" for key, _, form in extras]
         rows.append([label, *cells])
     return format_table(header, rows)

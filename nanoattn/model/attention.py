@@ -82,6 +82,9 @@ class CausalAttention(nn.Module):
         self.sinks = nn.Parameter(torch.zeros(cfg.n_head)) if cfg.attn_sinks else None
         self.explicit = self.score_cap is not None or self.sinks is not None  # SDPA cannot compute them
         self.window = cfg.layer_window[layer]  # None: every earlier key
+        # When a tensor (GPT.max_attention_logit sets it), the explicit path keeps the largest
+        # |q.k| / sqrt(d) of a visible key here, before any cap.
+        self.largest_logit: torch.Tensor | None = None
 
     def _heads(self, q, k, v, q_positions, k_positions, pos, layer, return_weights):
         """q [B, H, Tq, D] over k [B, Hkv, Tk, D], v [B, Hkv, Tk, Dv] -> (y [B, H, Tq, Dv], the
@@ -154,7 +157,12 @@ class CausalAttention(nn.Module):
         B, H, Tq, D = q.shape
         Hkv, Tk = k.shape[1], k.shape[2]
         scores = q.reshape(B, Hkv, -1, D) @ k.transpose(-2, -1)  # [B, Hkv, H / Hkv * Tq, Tk]
-        scores = softcap(scores.view(B, H, Tq, Tk).float() / math.sqrt(D), self.score_cap)
+        scores = scores.view(B, H, Tq, Tk).float() / math.sqrt(D)
+        if self.largest_logit is not None:
+            visible = mask if mask.dtype == torch.bool else mask > float("-inf")
+            largest = scores.abs().masked_fill(~visible, 0).amax()
+            self.largest_logit = torch.maximum(self.largest_logit, largest)
+        scores = softcap(scores, self.score_cap)
         scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
         if self.sinks is None:
             weights = torch.softmax(scores, dim=-1)

@@ -142,6 +142,20 @@ class GPT(nn.Module):
         hidden, weights = self.hidden_states(idx, head_mask=head_mask, return_weights=True)
         return self.logits(hidden), weights
 
+    @torch.no_grad()
+    def max_attention_logit(self, idx: torch.Tensor) -> float:
+        """The largest |q.k| / sqrt(d) over every layer, head, query and visible key of idx [B, T],
+        before any soft-cap: the logit growth that QK-norm and soft-capping exist to bound."""
+        attentions = [block.attn for block in self.blocks]
+        for attn in attentions:
+            attn.largest_logit = torch.zeros((), device=idx.device)
+        try:
+            self.hidden_states(idx, return_weights=True)
+            return max(float(attn.largest_logit) for attn in attentions)
+        finally:
+            for attn in attentions:
+                attn.largest_logit = None
+
     def num_params(self, *, exclude_embeddings: bool = False) -> int:
         """Parameters counted once (a tied LM head shares the embedding's)."""
         total = sum(p.numel() for p in self.parameters())

@@ -12,7 +12,8 @@ Design choices:
   gradient norm stops the run there, before any checkpoint could store the bad weights.
 - One record per log window (every ``log_interval`` steps, and at every evaluation and at the
   end): ``step, train_loss, lr, tokens, tok_per_s, grad_norm``; evaluation records add
-  ``val_loss`` and ``val_bpb``. ``train_loss`` is the mean over the window's micro-batches.
+  ``val_loss``, ``val_bpb`` and ``max_attn_logit`` (``GPT.max_attention_logit`` on this rank's
+  slice of the first validation batch). ``train_loss`` is the mean over the window's micro-batches.
 - Evaluation uses fixed validation windows (``TokenData.val_batches``), the same in every run and
   at every step; like a training batch, each of the ``eval_steps`` batches has
   batch_size x world_size rows split over the ranks, so val_loss is comparable across runs.
@@ -351,12 +352,16 @@ class _Run:
             with self.autocast():
                 loss = self.model.loss(x.to(self.device), y.to(self.device))
             total += torch.stack([loss.double(), torch.ones((), dtype=torch.float64, device=self.device)])
+        x, _ = self.val[0]
+        with self.autocast():
+            largest = self.model.max_attention_logit(x.to(self.device))
         self.model.train()
         loss_sum, n = distributed.all_reduce_sum(self.dist, total).tolist()
         val_loss = loss_sum / n
         if not math.isfinite(val_loss):
             raise TrainingDiverged(f"non-finite val_loss at step {step}; the last good checkpoint is kept")
-        return {"val_loss": val_loss, "val_bpb": bits_per_byte(val_loss, self.data.bytes_per_token)}
+        return {"val_loss": val_loss, "val_bpb": bits_per_byte(val_loss, self.data.bytes_per_token),
+                "max_attn_logit": largest}
 
     def _save(self, step: int, window: dict[str, Any]) -> None:
         rng = {"cpu": distributed.gather_objects(self.dist, torch.get_rng_state())}

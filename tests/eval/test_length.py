@@ -253,6 +253,7 @@ def save_run(run_dir: Path, pos: str, data_dir: Path, **variant) -> Path:
     (run_dir / "config.yaml").write_text(f"data:\n  root: {data_dir.parent}\n  name: {data_dir.name}\n")
     speeds = (1000.0, 3000.0, 2000.0)  # the lab reports their median
     records = [{"step": 10 * (i + 1), "tok_per_s": speed} for i, speed in enumerate(speeds)]
+    records[1]["max_attn_logit"], records[2]["max_attn_logit"] = 7.25, 6.5  # the attention lab: the largest
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(record) + "\n" for record in records))
     return run_dir
 
@@ -415,12 +416,12 @@ def test_the_attention_lab_evaluates_every_variant_with_its_kv_cache_price(prepa
     finally:
         gc.unfreeze()
     rows = table.splitlines()
-    assert rows[0].endswith("| 512 (16×) | train tok/s | KV bytes/token |")
+    assert rows[0].endswith("| 512 (16×) | train tok/s | KV bytes/token | max attention logit |")
     assert [row.split(" | ")[0].removeprefix("| ") for row in rows[2:]] == ["plain", "window", "mla"]
     # float32 per token, both layers: 2 x (K + V) x 2 K/V heads x 8 dims x 4 bytes = 256 (the window's
     # cache rolls, but a token still takes its slot); the latent: 2 x (8 + 4) x 4 = 96.
-    assert rows[2].endswith("| 2,000 | 256 |") and rows[3].endswith("| 2,000 | 256 |")
-    assert rows[4].endswith("| 2,000 | 96 |")
+    assert rows[2].endswith("| 2,000 | 256 | 7.2 |") and rows[3].endswith("| 2,000 | 256 | 7.2 |")
+    assert rows[4].endswith("| 2,000 | 96 | 7.2 |")
     assert (docs / "attention.md").read_text() == \
         f"# Attention\n\n<!-- attention-table:begin -->\n{table}<!-- attention-table:end -->\n"
     assert (docs / "attention.png").stat().st_size > 10_000 and table in capsys.readouterr().out

@@ -365,3 +365,28 @@ def test_bad_variant_settings_are_one_line_errors(field, value, message):
 def test_differential_attention_refuses_what_it_is_not_defined_for(fields, message):
     with pytest.raises(ValueError, match=message):
         ModelConfig(**{"d_model": 64, "n_layer": 2, "n_head": 4, "n_kv_head": 2, "diff_attn": True, **fields})
+
+
+def test_max_attention_logit_is_the_largest_visible_score_and_qk_norm_bounds_it():
+    torch.manual_seed(0)
+    fields = dict(vocab_size=50, d_model=32, n_layer=1, n_head=4, n_kv_head=2, pos="nope", init_std=0.3)
+    model = GPT(ModelConfig(**fields)).eval()
+    idx = torch.randint(0, 50, (2, 12))
+    with torch.no_grad():  # by hand: one layer, no positions, the causal keys only
+        h = model.blocks[0].attn_norm(model.tok_emb(idx))
+        q, k, _ = (h @ model.blocks[0].attn.qkv.weight.T).split([32, 16, 16], dim=-1)
+        q = q.view(2, 12, 4, 8).transpose(1, 2)
+        k = k.view(2, 12, 2, 8).transpose(1, 2).repeat_interleave(2, 1)  # each K/V head serves 2 query heads
+        future = torch.ones(12, 12).triu(1).bool()
+        scores = (q @ k.transpose(-2, -1) / math.sqrt(8)).abs().masked_fill(future, 0)
+    assert model.max_attention_logit(idx) == pytest.approx(scores.max().item(), rel=1e-5)
+    assert model.blocks[0].attn.largest_logit is None  # tracking is off again
+    normed = GPT(ModelConfig(**fields, qk_norm="before_rope", norm_eps=1e-10)).eval()
+    for net in (model, normed):
+        with torch.no_grad():
+            before = net.max_attention_logit(idx)
+            net.blocks[0].attn.qkv.weight.mul_(10)
+            after = net.max_attention_logit(idx)
+        # Plain: q.k grows with the square of the weights; normalised: at most sqrt(8) x gain^2 = 2.83.
+        bounded = after <= math.sqrt(8) + 1e-4
+        assert after == pytest.approx(100 * before, rel=1e-4) if net is model else bounded
