@@ -12,11 +12,11 @@ from nanoattn.commands.analyze_heads import HeadAnalysisConfig  # noqa: E402
 from nanoattn.commands.compare_length import CompareLengthConfig  # noqa: E402
 from nanoattn.commands.eval_length import LengthEvalConfig  # noqa: E402
 from nanoattn.commands.eval_passkey import PasskeyEvalConfig  # noqa: E402
-from nanoattn.commands.labs import LabConfig  # noqa: E402
+from nanoattn.commands.labs import AttentionLabConfig, LabConfig  # noqa: E402
 
 SCHEMAS = {"eval_length": LengthEvalConfig, "eval_passkey": PasskeyEvalConfig,
            "analyze_heads": HeadAnalysisConfig, "compare_length": CompareLengthConfig,
-           "extrapolation_lab": LabConfig}
+           "extrapolation_lab": LabConfig, "attention_lab": AttentionLabConfig}
 
 
 @pytest.fixture(scope="session")

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from nanoattn.commands.compare_length import CompareLengthConfig, compare_length
-from nanoattn.commands.labs import LabConfig
+from nanoattn.commands.labs import AttentionLabConfig, LabConfig
 from nanoattn.eval import format_table, length_table, load_report, write_table
 from nanoattn.validation import from_dict
 
@@ -120,3 +120,8 @@ def test_lab_config_mistakes_are_one_line_errors(tmp_path):
     with pytest.raises(ValueError, match=re.escape("extrapolation_lab.dtype='fp8' is invalid: allowed:")):
         LabConfig(dtype="fp8")
     assert LabConfig().lab == "extrapolation" and LabConfig(passkey=True).lab == "passkey"
+    # The attention lab shares the run keys and their checks, under its own name.
+    with pytest.raises(ValueError, match=re.escape("attention_lab.workers=0 is invalid")):
+        AttentionLabConfig(workers=0)
+    with pytest.raises(ValueError, match=re.escape("unknown key(s) attention_lab.passkey; allowed:")):
+        from_dict(AttentionLabConfig, {"passkey": True}, owner="attention_lab")
