@@ -155,6 +155,9 @@ class ModelConfig:
             if getattr(self, name) % 2:
                 fail("model", name, getattr(self, name), "must be even with diff_attn=True: differential "
                      "attention pairs query heads and key/value heads")
+        if self.attn_sinks:
+            fail("model", "attn_sinks", self.attn_sinks, "cannot be combined with diff_attn=True: a sink "
+                 "would join each of the two maps a head subtracts, which neither paper describes")
         biased = [name for name in dict.fromkeys(self.layer_pos) if REGISTRY[name].adds_bias]
         if biased:
             fail("model", "diff_attn", self.diff_attn, f"needs encodings without an attention bias (the "

@@ -361,6 +361,7 @@ def test_bad_variant_settings_are_one_line_errors(field, value, message):
     (dict(pos="alibi"),
      "model.diff_attn=True is invalid: needs encodings without an attention bias .*adds alibi"),
     (dict(pos=["rope", "t5"]), "pos=\\['rope', 't5'\\] adds t5"),
+    (dict(attn_sinks=True), "model.attn_sinks=True is invalid: cannot be combined with diff_attn=True"),
 ])
 def test_differential_attention_refuses_what_it_is_not_defined_for(fields, message):
     with pytest.raises(ValueError, match=message):
