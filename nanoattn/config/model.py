@@ -165,6 +165,9 @@ class ModelConfig:
 
     def _check_mla(self) -> None:
         if self.mla_kv_rank is None:
+            if self.mla_q_rank is not None:
+                fail("model", "mla_q_rank", self.mla_q_rank, "needs mla_kv_rank: low-rank queries are part "
+                     "of multi-head latent attention")
             return
         check_positive_int("model", "mla_kv_rank", self.mla_kv_rank)
         if self.mla_q_rank is not None:

@@ -86,6 +86,7 @@ def test_the_cache_holds_the_latent_and_the_shared_rotary_key_only():
     (dict(mla_rope_dim=7), "model.mla_rope_dim=7 is invalid: must be even"),
     (dict(mla_kv_rank=0), "model.mla_kv_rank=0 is invalid"),
     (dict(mla_q_rank=-1), "model.mla_q_rank=-1 is invalid"),
+    (dict(mla_kv_rank=None, mla_q_rank=8), "model.mla_q_rank=8 is invalid: needs mla_kv_rank"),
 ])
 def test_latent_attention_refuses_what_it_is_not_defined_for(fields, message):
     with pytest.raises(ValueError, match=message) as info:
