@@ -98,6 +98,7 @@ class DataConfig:
 
 
 SCHEDULES = ("cosine", "wsd", "constant")
+OPTIMIZERS = ("adamw", "muon")
 # float16 is not offered for training: without loss scaling its gradients underflow.
 TRAIN_DTYPES = ("auto", "float32", "bfloat16")
 LOGGERS = ("console", "wandb", "none")
@@ -116,7 +117,12 @@ class TrainConfig:
     warmup_steps: int = 100  # linear warmup from lr / warmup_steps to lr
     schedule: str = "cosine"  # cosine | wsd (warmup-stable-decay) | constant
     decay_fraction: float = 0.2  # wsd: share of max_steps spent decaying to min_lr (1-sqrt shape)
-    weight_decay: float = 0.1  # AdamW, on matmul weights only
+    weight_decay: float = 0.1  # on matmul weights only (AdamW's, and Muon's with optimizer=muon)
+    # adamw | muon: Muon for the blocks' 2-D weights, AdamW for the rest (nanoattn/train/optim.py)
+    optimizer: str = "adamw"
+    muon_lr_scale: float = 1.0  # optimizer=muon: Muon's peak lr = lr x this (its update is AdamW-RMS matched)
+    muon_weight_decay: float | None = None  # optimizer=muon: Muon's weight decay; None = weight_decay
+    muon_momentum: float = 0.95  # optimizer=muon: Muon's (Nesterov) momentum
     decay_embeddings: bool = False  # also decay token / position embeddings (norms and biases never)
     beta1: float = 0.9
     beta2: float = 0.95
@@ -153,6 +159,13 @@ class TrainConfig:
         if not 0 <= as_float(self.min_lr) <= self.lr:
             fail(own, "min_lr", self.min_lr, f"must be in [0, lr={self.lr}]")
         check_choice(own, "schedule", self.schedule, SCHEDULES)
+        check_choice(own, "optimizer", self.optimizer, OPTIMIZERS)
+        if not as_float(self.muon_lr_scale) > 0:
+            fail(own, "muon_lr_scale", self.muon_lr_scale, "must be a positive number")
+        if self.muon_weight_decay is not None and not as_float(self.muon_weight_decay) >= 0:
+            fail(own, "muon_weight_decay", self.muon_weight_decay, "must be a non-negative number or null")
+        if not 0 <= as_float(self.muon_momentum) < 1:
+            fail(own, "muon_momentum", self.muon_momentum, "must be in [0, 1)")
         if not 0 < as_float(self.decay_fraction) <= 1:
             fail(own, "decay_fraction", self.decay_fraction, "must be in (0, 1]")
         for name in ("weight_decay", "grad_clip"):

@@ -185,7 +185,9 @@ class _Run:
             model = GPT(cfg.model)
         model.train()
         optimizer = make_optimizer(model, lr=t.lr, weight_decay=t.weight_decay, betas=(t.beta1, t.beta2),
-                                   decay_embeddings=t.decay_embeddings, device=self.device)
+                                   decay_embeddings=t.decay_embeddings, device=self.device,
+                                   optimizer=t.optimizer, muon_lr_scale=t.muon_lr_scale,
+                                   muon_weight_decay=t.muon_weight_decay, muon_momentum=t.muon_momentum)
         start = 0
         if state is not None:
             load_weights(ckpt, model)
@@ -284,7 +286,8 @@ class _Run:
                 lr = lr_at(step, lr=t.lr, min_lr=t.min_lr, warmup_steps=t.warmup_steps,
                            max_steps=t.max_steps, schedule=t.schedule, decay_fraction=t.decay_fraction)
                 for group in self.optimizer.param_groups:
-                    group["lr"] = lr
+                    # Checkpoints from before the optimizer choice carry no lr_scale: AdamW's, 1.
+                    group["lr"] = lr * group.get("lr_scale", 1.0)
                 batches = [self.data.train_batch(step, batch_size=t.batch_size, seq_len=self.seq_len,
                                                  seed=t.seed, micro_step=micro, rank=d.rank,
                                                  world_size=d.world_size) for micro in range(t.grad_accum)]

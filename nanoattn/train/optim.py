@@ -1,4 +1,5 @@
-"""AdamW parameter groups and learning-rate schedules.
+"""The optimizer (AdamW, or Muon for the blocks' matrices with AdamW for the rest), its parameter
+groups and learning-rate schedules.
 
 Design choices:
 - Weight decay applies to matmul weights only. Norm gains, biases and embeddings (token and
@@ -12,6 +13,12 @@ Design choices:
   learning rate from the step alone, and nothing but the step needs saving for them.
 - ``fused=True`` AdamW where the device has the kernel (CUDA, and CPU since torch 2.4): one kernel
   for all parameters instead of a loop of small ops.
+- ``optimizer="muon"``: ``torch.optim.Muon`` (Jordan et al. 2024) for the 2-D weights of the
+  transformer blocks (attention and MLP matrices), AdamW as above for everything else (embeddings,
+  the LM head, norms, biases, positional and scalar parameters). Muon's update is scaled to
+  AdamW's RMS (``adjust_lr_fn="match_rms_adamw"``, Liu et al. 2025, Moonlight), so one schedule
+  and peak ``lr`` drive both; ``muon_lr_scale`` multiplies Muon's. Each param group carries its
+  ``lr_scale``: the loop sets ``lr = lr_at(step) * lr_scale``.
 """
 
 from __future__ import annotations
@@ -39,11 +46,61 @@ def param_groups(model: nn.Module, weight_decay: float, *, decay_embeddings: boo
     return [{"params": decay, "weight_decay": weight_decay}, {"params": keep, "weight_decay": 0.0}]
 
 
+def muon_params(model: nn.Module) -> list[nn.Parameter]:
+    """The parameters Muon updates: 2-D weights of the transformer blocks' linear layers."""
+    return [module.weight for block in model.blocks for module in block.modules()
+            if isinstance(module, nn.Linear) and module.weight.ndim == 2]
+
+
+class OptimizerPair:
+    """Muon and AdamW stepped together, checkpointed as one state dict; ``param_groups`` lists both."""
+
+    def __init__(self, muon: torch.optim.Muon, adamw: torch.optim.AdamW) -> None:
+        self.optimizers = (muon, adamw)
+
+    @property
+    def param_groups(self) -> list[dict]:
+        return [group for optimizer in self.optimizers for group in optimizer.param_groups]
+
+    def step(self) -> None:
+        for optimizer in self.optimizers:
+            optimizer.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for optimizer in self.optimizers:
+            optimizer.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self) -> dict:
+        return {"muon": self.optimizers[0].state_dict(), "adamw": self.optimizers[1].state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        if set(state) != {"muon", "adamw"}:
+            raise ValueError(f"the checkpoint's optimizer state has {sorted(state)}; train.optimizer=muon "
+                             f"needs its muon and adamw states (was the run trained with another optimizer?)")
+        self.optimizers[0].load_state_dict(state["muon"])
+        self.optimizers[1].load_state_dict(state["adamw"])
+
+
 def make_optimizer(model: nn.Module, *, lr: float, weight_decay: float, betas: tuple[float, float],
-                   decay_embeddings: bool, device: torch.device) -> torch.optim.AdamW:
-    groups = param_groups(model, weight_decay, decay_embeddings=decay_embeddings)
+                   decay_embeddings: bool, device: torch.device, optimizer: str = "adamw",
+                   muon_lr_scale: float = 1.0, muon_weight_decay: float | None = None,
+                   muon_momentum: float = 0.95) -> torch.optim.AdamW | OptimizerPair:
+    """AdamW over ``param_groups``, or (``optimizer="muon"``) Muon for ``muon_params`` (its weight
+    decay ``muon_weight_decay``, None: ``weight_decay``) with AdamW for the rest. Every group has
+    ``lr_scale``: 1, or ``muon_lr_scale`` for Muon's."""
     fused = device.type in ("cuda", "cpu")
-    return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=fused)
+    if optimizer == "adamw":
+        groups = param_groups(model, weight_decay, decay_embeddings=decay_embeddings)
+        return torch.optim.AdamW([{**g, "lr_scale": 1.0} for g in groups], lr=lr, betas=betas, fused=fused)
+    matrices = muon_params(model)
+    hidden = {id(p) for p in matrices}
+    rest = [{"params": [p for p in g["params"] if id(p) not in hidden], "weight_decay": g["weight_decay"],
+             "lr_scale": 1.0} for g in param_groups(model, weight_decay, decay_embeddings=decay_embeddings)]
+    muon_decay = weight_decay if muon_weight_decay is None else muon_weight_decay
+    muon = torch.optim.Muon([{"params": matrices, "lr_scale": muon_lr_scale}], lr=lr * muon_lr_scale,
+                            weight_decay=muon_decay, momentum=muon_momentum, adjust_lr_fn="match_rms_adamw")
+    adamw = torch.optim.AdamW([g for g in rest if g["params"]], lr=lr, betas=betas, fused=fused)
+    return OptimizerPair(muon, adamw)
 
 
 def lr_at(step: int, *, lr: float, min_lr: float, warmup_steps: int, max_steps: int, schedule: str,

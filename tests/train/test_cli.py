@@ -114,6 +114,10 @@ BAD = [
     (["pos=foo"], "pos/foo"),
     (["model.n_kv_head=3"], "model.n_kv_head=3 is invalid: must divide n_head=4"),
     (["train.schedule=linear"], "train.schedule='linear' is invalid: allowed: cosine | wsd | constant"),
+    (["train.optimizer=sgd"], "train.optimizer='sgd' is invalid: allowed: adamw | muon"),
+    (["train.muon_lr_scale=0"], "train.muon_lr_scale=0 is invalid: must be a positive number"),
+    (["train.muon_momentum=1"], "train.muon_momentum=1 is invalid: must be in [0, 1)"),
+    (["attention=foo"], "attention/foo"),
     (["train.resume=true"], "holds no run"),
 ]
 

@@ -82,10 +82,13 @@ def _inject(monkeypatch, on_call, action):
     return calls
 
 
-def test_sigterm_checkpoints_and_the_resumed_run_equals_an_uninterrupted_one(tmp_path, tiny_config,
-                                                                             monkeypatch, compare_runs):
-    # dropout (RNG state), gradient accumulation and a log window open at the stop all must survive.
-    options = dict(model={"dropout": 0.1}, grad_accum=2, log_interval=3, eval_interval=6, ckpt_interval=100)
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_sigterm_checkpoints_and_the_resumed_run_equals_an_uninterrupted_one(
+        tmp_path, tiny_config, monkeypatch, compare_runs, optimizer):
+    # dropout (RNG state), gradient accumulation, a log window open at the stop and the optimizer's
+    # state (Muon's momentum buffers too) all must survive.
+    options = dict(model={"dropout": 0.1}, grad_accum=2, log_interval=3, eval_interval=6, ckpt_interval=100,
+                   optimizer=optimizer)
     reference = train(tiny_config(tmp_path / "reference", **options))
     sent = {"done": False}
 

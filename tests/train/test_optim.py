@@ -1,12 +1,13 @@
-"""AdamW groups follow the decay rules; schedules equal their formulas at every step."""
+"""AdamW groups follow the decay rules; Muon takes the blocks' matrices and nothing else; schedules
+equal their formulas at every step."""
 
 import math
 
 import pytest
 import torch
 
-from nanoattn import GPT, ModelConfig
-from nanoattn.train.optim import lr_at, make_optimizer, param_groups
+from nanoattn import GPT, PRESETS, ModelConfig, preset
+from nanoattn.train.optim import OptimizerPair, lr_at, make_optimizer, muon_params, param_groups
 
 
 def _names(model, params):
@@ -89,3 +90,46 @@ def test_wsd_holds_then_decays_with_one_minus_sqrt():
 
 def test_constant_after_warmup():
     assert {lr_at(s, schedule="constant", **KW) for s in range(10, 110)} == {1.0}
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_muon_takes_the_blocks_matrices_and_adamw_everything_else_on_every_preset(name):
+    with torch.device("meta"):  # a 7B model without memory
+        model = GPT(preset(name))
+    muon = _names(model, muon_params(model))
+    up = "mlp.gate_up" if model.cfg.mlp == "swiglu" else "mlp.up"
+    linear = {f"blocks.{i}.{n}.weight" for i in range(model.cfg.n_layer)
+              for n in ("attn.qkv", "attn.proj", up, "mlp.down")}
+    assert muon == linear  # the attention and MLP matrices of every block, nothing else
+    rest = {n: p for n, p in model.named_parameters() if n not in muon}
+    assert "tok_emb.weight" in rest
+    assert all(p.ndim == 1 for n, p in rest.items() if n.startswith("blocks."))  # norms and biases
+    if not model.cfg.tie_embeddings:
+        assert "lm_head.weight" in rest
+
+
+def test_muon_and_adamw_step_together_with_their_learning_rates_and_one_state_dict():
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(vocab_size=64, d_model=32, n_layer=2, n_head=4, n_kv_head=2, max_seq_len=16,
+                            pos="learned", tie_embeddings=False))  # AdamW decays the untied head
+    opt = make_optimizer(model, lr=1e-2, weight_decay=0.1, betas=(0.9, 0.95), decay_embeddings=False,
+                         device=torch.device("cpu"), optimizer="muon", muon_lr_scale=2.0,
+                         muon_weight_decay=0.0)
+    assert isinstance(opt, OptimizerPair)
+    muon, adamw = opt.optimizers
+    assert isinstance(muon, torch.optim.Muon) and isinstance(adamw, torch.optim.AdamW)
+    assert [g["lr_scale"] for g in opt.param_groups] == [2.0, 1.0, 1.0] and muon.param_groups[0]["lr"] == 0.02
+    assert muon.param_groups[0]["weight_decay"] == 0.0 and adamw.param_groups[0]["weight_decay"] == 0.1
+    counted = [p for g in opt.param_groups for p in g["params"]]
+    assert len(counted) == len({id(p) for p in counted}) == len(list(model.parameters()))  # each once
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    idx = torch.randint(0, 64, (4, 16))
+    model.loss(idx[:, :-1], idx[:, 1:]).backward()
+    opt.step()
+    opt.zero_grad()
+    moved = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
+    assert moved == {n for n, _ in model.named_parameters()}  # both optimizers stepped
+    state = opt.state_dict()
+    assert set(state) == {"muon", "adamw"} and len(state["muon"]["state"]) == 8
+    with pytest.raises(ValueError, match="train.optimizer=muon needs its muon and adamw states"):
+        opt.load_state_dict(adamw.state_dict())
