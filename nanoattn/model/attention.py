@@ -30,6 +30,7 @@ Design:
 
 from __future__ import annotations
 
+import abc
 import math
 
 import torch
@@ -69,10 +70,11 @@ class QKNorm(nn.Module):
         return getattr(self, side)(x).to(x.dtype)
 
 
-class CausalAttention(nn.Module):
+class CausalAttention(nn.Module, abc.ABC):
     """The part every attention shares: causal softmax(q.k / sqrt(d)) v over heads [B, H, T, D],
     with the encoding's bias, the window, the score cap and the sinks, in query chunks
-    (``_attend``) or explicitly with the weights (``_attend_explicit``). Subclasses make q, k, v."""
+    (``_attend``) or explicitly with the weights (``_attend_explicit``). Subclasses make q, k, v
+    (``_qkv``), caching what they cache."""
 
     def __init__(self, cfg, layer: int) -> None:
         super().__init__()
@@ -85,6 +87,31 @@ class CausalAttention(nn.Module):
         # When a tensor (GPT.max_attention_logit sets it), the explicit path keeps the largest
         # |q.k| / sqrt(d) of a visible key here, before any cap.
         self.largest_logit: torch.Tensor | None = None
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        pos: PositionalEncoding,
+        positions: torch.Tensor,
+        seq_len: int,
+        *,
+        cache: KVCache | StreamingCache | None = None,
+        layer: int = 0,
+        head_mask: torch.Tensor | None = None,
+        return_weights: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """x [B, T, d_model] at positions [T] = seq_len - T, ..., seq_len - 1 -> [B, T, d_model].
+
+        Also returns the attention weights [B, heads, T, T_k] when ``return_weights`` (slow path).
+        """
+        q, k, v, k_positions = self._qkv(x, pos, positions, seq_len, cache, layer)
+        y, weights = self._heads(q, k, v, positions, k_positions, pos, layer, return_weights)
+        return self._project(y, head_mask), weights
+
+    @abc.abstractmethod
+    def _qkv(self, x, pos, positions, seq_len, cache, layer):
+        """-> q [B, H, T, Dq], k [B, Hkv, T_k, Dq], v [B, Hkv, T_k, Dv] in one dtype, and the keys'
+        positions [T_k] (the cached ones first)."""
 
     def _heads(self, q, k, v, q_positions, k_positions, pos, layer, return_weights):
         """q [B, H, Tq, D] over k [B, Hkv, Tk, D], v [B, Hkv, Tk, Dv] -> (y [B, H, Tq, Dv], the
@@ -195,22 +222,7 @@ class Attention(CausalAttention):
             self.lambda_init = 0.8 - 0.6 * math.exp(-0.3 * layer)
             self.head_norm = nn.RMSNorm(2 * cfg.head_dim, eps=cfg.norm_eps)
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        pos: PositionalEncoding,
-        positions: torch.Tensor,
-        seq_len: int,
-        *,
-        cache: KVCache | StreamingCache | None = None,
-        layer: int = 0,
-        head_mask: torch.Tensor | None = None,
-        return_weights: bool = False,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """x [B, T, d_model] at positions [T] = seq_len - T, ..., seq_len - 1 -> [B, T, d_model].
-
-        Also returns the attention weights [B, H, T, T_k] when ``return_weights`` (slow path).
-        """
+    def _qkv(self, x, pos, positions, seq_len, cache, layer):
         B, T, _ = x.shape
         H, Hkv, D = self.n_head, self.n_kv_head, self.head_dim
         heads = self.qkv(x).view(B, T, H + 2 * Hkv, D).transpose(1, 2)  # [B, H + 2 Hkv, T, D]: q | k | v
@@ -235,11 +247,12 @@ class Attention(CausalAttention):
             if cache is not None:
                 k, v = cache.update(layer, k, v)  # [B, Hkv, seq_len, D]
             k_positions = torch.arange(seq_len - k.shape[2], seq_len, device=x.device)
-        k, v = k.to(q.dtype), v.to(q.dtype)
+        return q, k.to(q.dtype), v.to(q.dtype), k_positions
 
-        attend = self._differential if self.differential else self._heads
-        y, weights = attend(q, k, v, positions, k_positions, pos, layer, return_weights)
-        return self._project(y, head_mask), weights
+    def _heads(self, q, k, v, q_positions, k_positions, pos, layer, return_weights):
+        if self.differential:
+            return self._differential(q, k, v, q_positions, k_positions, pos, layer, return_weights)
+        return super()._heads(q, k, v, q_positions, k_positions, pos, layer, return_weights)
 
     def _place(self, x: torch.Tensor, side: str, pos: PositionalEncoding, positions: torch.Tensor,
                seq_len: int) -> torch.Tensor:
@@ -265,8 +278,8 @@ class Attention(CausalAttention):
         lam = (first - second + self.lambda_init).to(q.dtype)
         outputs, maps = [], []
         for half in (0, 1):
-            y, weights = self._heads(q[:, half::2], k[:, half::2], values, q_positions, k_positions, pos,
-                                     layer, return_weights)
+            y, weights = super()._heads(q[:, half::2], k[:, half::2], values, q_positions, k_positions, pos,
+                                        layer, return_weights)
             outputs.append(y)
             maps.append(weights)
         y = self.head_norm(outputs[0] - lam * outputs[1]) * (1 - self.lambda_init)

@@ -23,8 +23,6 @@ import torch
 from torch import nn
 
 from nanoattn.model.attention import CausalAttention
-from nanoattn.model.cache import KVCache, StreamingCache
-from nanoattn.positional.base import PositionalEncoding
 from nanoattn.positional.rope import RotaryPositionalEncoding
 
 
@@ -47,19 +45,7 @@ class LatentAttention(CausalAttention):
         self.proj = nn.Linear(H * D, cfg.d_model, bias=cfg.bias)
         self.rope = RotaryPositionalEncoding(dataclasses.replace(cfg, d_model=H * R), [layer])
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        pos: PositionalEncoding,
-        positions: torch.Tensor,
-        seq_len: int,
-        *,
-        cache: KVCache | StreamingCache | None = None,
-        layer: int = 0,
-        head_mask: torch.Tensor | None = None,
-        return_weights: bool = False,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """x [B, T, d_model] at positions [T] -> [B, T, d_model], and the weights when asked."""
+    def _qkv(self, x, pos, positions, seq_len, cache, layer):
         B, T, _ = x.shape
         H, D, R = self.n_head, self.head_dim, self.rope_dim
         q = self.q_b(self.q_norm(self.q_a(x))) if self.low_rank_queries else self.q_proj(x)
@@ -73,6 +59,4 @@ class LatentAttention(CausalAttention):
         q = torch.cat([q_nope, self.rope.rotate(q_rope, positions, seq_len)], dim=-1)  # [B, H, T, D + R]
         k_nope, v = self.kv_b(latent[:, 0]).view(B, Tk, H, 2 * D).transpose(1, 2).split([D, D], dim=-1)
         k_rope = self.rope.rotate(k_rope.to(k_nope.dtype), k_positions, seq_len).expand(B, H, Tk, R)
-        k, v = torch.cat([k_nope, k_rope], dim=-1).to(q.dtype), v.to(q.dtype)  # [B, H, Tk, D + R], [.., D]
-        y, weights = self._heads(q, k, v, positions, k_positions, pos, layer, return_weights)
-        return self._project(y, head_mask), weights
+        return q, torch.cat([k_nope, k_rope], dim=-1).to(q.dtype), v.to(q.dtype), k_positions

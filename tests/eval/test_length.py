@@ -359,6 +359,16 @@ def test_every_lab_row_is_a_pos_config_of_a_valid_model():
         ModelConfig(**fields)
 
 
+def with_gc_frozen(lab, cfg):
+    """``lab(cfg)``: PeakMemory collects garbage before each of a lab's lengths; frozen, the suite's
+    many objects are not walked each time (0.2 s a call here)."""
+    gc.freeze()
+    try:
+        return lab(cfg)
+    finally:
+        gc.unfreeze()
+
+
 def test_the_extrapolation_lab_evaluates_every_run_and_rewrites_only_its_table(prepared, tmp_path, capsys,
                                                                               monkeypatch):
     # Four of the lab's rows keep the test fast; the driver treats every row alike.
@@ -373,13 +383,7 @@ def test_the_extrapolation_lab_evaluates_every_run_and_rewrites_only_its_table(p
     save_run(runs / "nope", "nope", prepared)
     docs.mkdir()
     (docs / "extrapolation.md").write_text("# Lab\n\nprose\n")
-    # PeakMemory collects garbage before each of the 77 lengths; frozen, the suite's many objects
-    # are not walked each time (0.2 s a call here).
-    gc.freeze()
-    try:
-        table = extrapolation_lab(cfg)
-    finally:
-        gc.unfreeze()
+    table = with_gc_frozen(extrapolation_lab, cfg)
     labels = [*LAB_ENCODINGS, *(f"rope+{scaling_tag(s)}" for s in LAB_SCALINGS)]
     rows = table.splitlines()
     assert rows[0] == ("| run | 32 (1×) | 40 (1.25×) | 48 (1.5×) | 64 (2×) | 128 (4×) | 256 (8×) | 512 (16×) "
@@ -410,11 +414,7 @@ def test_the_attention_lab_evaluates_every_variant_with_its_kv_cache_price(prepa
     save_run(runs / "mla", "rope", prepared, mla_kv_rank=8, mla_rope_dim=4, n_kv_head=4)
     docs.mkdir()
     (docs / "attention.md").write_text("# Attention\n")
-    gc.freeze()
-    try:
-        table = attention_lab(cfg)
-    finally:
-        gc.unfreeze()
+    table = with_gc_frozen(attention_lab, cfg)
     rows = table.splitlines()
     assert rows[0].endswith("| 512 (16×) | train tok/s | KV bytes/token | max attention logit |")
     assert [row.split(" | ")[0].removeprefix("| ") for row in rows[2:]] == ["plain", "window", "mla"]
