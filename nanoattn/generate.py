@@ -272,8 +272,7 @@ class Decoding:
     def _streamed_logits(self) -> torch.Tensor:
         """Feed the tokens not yet streamed: as many as fit until the cache is full, then one at a time."""
         while True:
-            size = max(1, self.cache.capacity - self.cache.length)
-            piece = self.tokens[:, self.streamed:min(self.length, self.streamed + size)]
+            piece = self.tokens[:, self.streamed:min(self.length, self.streamed + self.cache.next_piece())]
             logits = self._last_logits(piece, self.cache)
             self.streamed += piece.shape[1]
             if self.streamed == self.length:

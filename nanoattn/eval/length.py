@@ -153,7 +153,7 @@ def score_streaming(model, tokens: torch.Tensor, n_sink: int, window: int, *,
     total, start = torch.zeros((), dtype=torch.float64, device=device), 0
     with autocast(device, amp):
         while start < inputs.shape[1]:
-            stop = min(inputs.shape[1], start + max(1, cache.capacity - cache.length))
+            stop = min(inputs.shape[1], start + cache.next_piece())
             logits = model(inputs[:, start:stop], cache=cache).float()  # [1, stop - start, V]
             total += torch.nn.functional.cross_entropy(logits[0], targets[0, start:stop], reduction="sum")
             start = stop

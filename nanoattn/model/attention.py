@@ -84,8 +84,8 @@ class CausalAttention(nn.Module, abc.ABC):
         self.sinks = nn.Parameter(torch.zeros(cfg.n_head)) if cfg.attn_sinks else None
         self.explicit = self.score_cap is not None or self.sinks is not None  # SDPA cannot compute them
         self.window = cfg.layer_window[layer]  # None: every earlier key
-        # When a tensor (GPT.max_attention_logit sets it), the explicit path keeps the largest
-        # |q.k| / sqrt(d) of a visible key here, before any cap.
+        # When a tensor (GPT.max_attention_logit sets it), attention runs explicitly in query chunks
+        # and keeps the largest |q.k| / sqrt(d) of a visible key here, before any cap.
         self.largest_logit: torch.Tensor | None = None
 
     def forward(
@@ -136,7 +136,8 @@ class CausalAttention(nn.Module, abc.ABC):
         options = dict(enable_gqa=Hkv != H, dropout_p=self.dropout if self.training else 0.0)
         # SDPA's fused kernels need values as wide as queries (differential attention's are twice):
         # otherwise its math kernel would build the whole [B, H, Tq, Tk], so those go in chunks too.
-        fused = not pos.adds_bias and not self.explicit and Dv == D
+        explicit = self.explicit or self.largest_logit is not None
+        fused = not pos.adds_bias and not explicit and Dv == D
         if fused and (self.window is None or Tk <= self.window):
             if Tq == Tk:
                 return F.scaled_dot_product_attention(q, k, v, is_causal=True, **options)
@@ -157,8 +158,8 @@ class CausalAttention(nn.Module, abc.ABC):
             first = 0 if self.window is None else max(0, Tk - Tq + start - self.window + 1)
             q_chunk, k_chunk, v_chunk = q[:, :, start:stop], k[:, :, first:keys], v[:, :, first:keys]
             mask = self._mask(q_chunk, k_chunk, q_positions[start:stop], k_positions[first:keys], pos, layer,
-                              torch.float32 if self.explicit else q.dtype)
-            if not self.explicit:
+                              torch.float32 if explicit else q.dtype)
+            if not explicit:
                 outputs.append(F.scaled_dot_product_attention(q_chunk, k_chunk, v_chunk, attn_mask=mask,
                                                               **options))
             else:

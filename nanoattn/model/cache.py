@@ -111,6 +111,11 @@ class StreamingCache(_LayerBuffers):
                        f"a streaming KV cache for {batch_size} sequence(s) x {self.capacity} tokens")
         self.length = 0  # tokens held: slots 0 .. length - 1
 
+    def next_piece(self) -> int:
+        """How many tokens to feed next, as the paper streams: a cache-full until the cache is
+        full, then one at a time (each token then sees exactly the sinks and the window)."""
+        return max(1, self.capacity - self.length)
+
     def make_room(self, new_tokens: int) -> None:
         """Evict the oldest non-sink tokens so that ``new_tokens`` fit after the rest."""
         room = self.capacity - min(self.length, self.n_sink)

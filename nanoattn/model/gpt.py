@@ -149,8 +149,8 @@ class GPT(nn.Module):
         attentions = [block.attn for block in self.blocks]
         for attn in attentions:
             attn.largest_logit = torch.zeros((), device=idx.device)
-        try:
-            self.hidden_states(idx, return_weights=True)
+        try:  # the chunked path: memory as in evaluation, no [B, H, T, T] weights kept per layer
+            self.hidden_states(idx)
             return max(float(attn.largest_logit) for attn in attentions)
         finally:
             for attn in attentions:
