@@ -98,6 +98,13 @@ def test_each_experiment_composes(experiment):
     RunConfig.from_dict(values)
 
 
+@pytest.mark.parametrize("task", _names("task"))
+def test_each_task_composes_into_the_task_suites_run(task):
+    cfg = _run_config(["experiment=tasks", f"task={task}", "pos=nope"])
+    assert cfg.task.name == task and cfg.data.tokenizer.type == "byte" and cfg.train.seq_len is None
+    assert cfg.out_dir == f"runs/tasks/{task}"
+
+
 def test_debug_shrinks_everything():
     run = _run_config(["experiment=debug"])
     assert run.model.d_model <= 64 and run.train.max_steps <= 50 and run.seq_len <= 64

@@ -34,16 +34,19 @@ from typing import Any, ClassVar
 from nanoattn.checkpoint import read_checkpoint_config
 from nanoattn.commands.eval_length import LengthEvalConfig, run_length_eval
 from nanoattn.commands.eval_passkey import PasskeyEvalConfig, run_passkey_eval
+from nanoattn.commands.eval_task import TaskEvalConfig, run_task_eval
 from nanoattn.config import ModelConfig
 from nanoattn.eval.compare import length_table
 from nanoattn.eval.passkey import passkey_summary_table
-from nanoattn.eval.plots import plot_length_curves, plot_passkey
-from nanoattn.eval.runs import is_path, scaling_tag
+from nanoattn.eval.plots import plot_length_curves, plot_passkey, plot_tasks
+from nanoattn.eval.runs import is_path, scaling_tag, write_report
 from nanoattn.eval.tables import write_table
+from nanoattn.eval.tasks import DEFAULT_FACTORS, DEFAULT_PER_BIN, check_factors, task_table
 from nanoattn.logging import read_metrics
 from nanoattn.model import KVCache
 from nanoattn.runtime import DTYPES, check_device_name
-from nanoattn.validation import check_bool, check_choice, check_positive_int, fail
+from nanoattn.tasks import TASKS
+from nanoattn.validation import check_bool, check_choice, check_non_negative_int, check_positive_int, fail
 
 # The lab's rows: configs/pos/<name>.yaml each (a registry encoding, or a variant such as
 # partial RoPE or Llama 4's iRoPE layout); runs land in <runs_root>/<name>.
@@ -57,6 +60,15 @@ LAB_DOC = "extrapolation.md"  # both labs' tables, between their markers
 ATTENTION_VARIANTS = ("plain", "qk_norm", "qk_norm_after", "softcap", "sinks", "window", "local_global",
                       "diff", "mla")
 ATTENTION_DOC = "attention.md"
+
+# The task lab's default set, the two papers it reproduces: Kazemnejad et al.'s encodings (NoPE, T5's
+# bias, ALiBi, RoPE, an absolute one) and tasks (copy, reverse, addition), CoPE and its tasks
+# (selective copy, counting, flip-flop). It fits the 45-minute budget on 2 cores; parity and the
+# RULER tasks are one tasks=[...] away. Runs land in runs/tasks/<task>/<pos>.
+TASK_LAB_TASKS = ("copy", "reverse", "addition", "selective_copy", "counting", "flip_flop")
+TASK_LAB_ENCODINGS = ("nope", "sinusoidal", "rope", "alibi", "t5", "cope")
+TASK_DOC = "tasks.md"
+POS_CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "pos"  # a lab encoding is one of these files
 
 Job = tuple[str, str, Mapping[str, Any] | None]  # (label, pos: the run <runs_root>/<pos>, zero-shot scaling)
 Reports = Sequence[Mapping[str, Any]]
@@ -119,26 +131,59 @@ class AttentionLabConfig(LabRunsConfig):
     owner: ClassVar[str] = "attention_lab"
 
 
-def train_runs(lab: str, runs_root: Path, names: Sequence[str], workers: int,
-               overrides: Sequence[str], group: str = "pos") -> None:
-    """Train ``<runs_root>/<name>`` for each name with ``scripts/train.py experiment=<lab> <group>=<name>``,
-    ``workers`` processes at a time, each on cpu_count // workers threads (small models use cores
-    better side by side than one model on all of them). A run already there is resumed, so a
-    finished one ends at once and a killed lab continues. Each run's output goes to
-    ``<runs_root>/<name>.log``; a failed run is named with its log once the others are done.
+@dataclass
+class TaskLabConfig(LabRunsConfig):
+    """Every key of ``scripts/task_lab.py``."""
+
+    owner: ClassVar[str] = "task_lab"
+    tasks: list[str] = dataclasses.field(default_factory=lambda: list(TASK_LAB_TASKS))  # of nanoattn.tasks
+    encodings: list[str] = dataclasses.field(default_factory=lambda: list(TASK_LAB_ENCODINGS))  # configs/pos/
+    factors: list[float] = dataclasses.field(default_factory=lambda: list(DEFAULT_FACTORS))
+    per_bin: int = DEFAULT_PER_BIN  # instances per size bin (400: a 95% interval within +-5 points)
+    seed: int = 0  # the evaluation instances' seed
+    batch_size: int = 64  # instances per forward pass
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        own = self.owner
+        for name in ("tasks", "encodings"):
+            value = getattr(self, name)
+            if isinstance(value, str) or not isinstance(value, (list, tuple)) or not value:
+                fail(own, name, value, "must be a non-empty list of names")
+            setattr(self, name, list(value))
+        for task in self.tasks:
+            check_choice(own, "tasks", task, tuple(TASKS))
+        for pos in self.encodings:
+            if not (POS_CONFIGS / f"{pos}.yaml").is_file():
+                known = sorted(p.stem for p in POS_CONFIGS.glob("*.yaml"))
+                fail(own, "encodings", pos, f"needs configs/pos/{pos}.yaml; allowed: {' | '.join(known)}")
+        self.factors = list(check_factors(own, self.factors))
+        check_positive_int(own, "per_bin", self.per_bin)
+        check_non_negative_int(own, "seed", self.seed)
+
+
+def train_runs(lab: str, runs_root: Path, jobs: Mapping[str, Sequence[str]], workers: int,
+               overrides: Sequence[str]) -> None:
+    """Train ``<runs_root>/<name>`` for each job with ``scripts/train.py experiment=<lab> <its overrides>``
+    (which choose the run and its directory), ``workers`` processes at a time, each on
+    cpu_count // workers threads (small models use cores better side by side than one model on
+    all of them). A run already there is resumed, so a finished one ends at once and a killed lab
+    continues. Each run's output goes to ``<runs_root>/<name>.log``; a failed run is named with its
+    log once the others are done.
     """
     script = Path(__file__).resolve().parents[2] / "scripts" / "train.py"
     if not script.is_file():
         raise ValueError(f"train=true needs the repository's {script} (an editable install of nanoattn)")
     runs_root.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // workers))}
-    pending, running, failed = list(names), {}, []
+    pending, running, failed = list(jobs), {}, []
     while pending or running:
         while pending and len(running) < workers:
             name = pending.pop(0)
             resume = ["train.resume=true"] if (runs_root / name / "config.yaml").exists() else []
-            command = [sys.executable, str(script), f"experiment={lab}", f"{group}={name}",
-                       f"out_dir={runs_root}", "logger=none", *resume, *overrides]
+            command = [sys.executable, str(script), f"experiment={lab}", *jobs[name], "logger=none", *resume,
+                       *overrides]
+            (runs_root / name).parent.mkdir(parents=True, exist_ok=True)
             log = (runs_root / f"{name}.log").open("w")
             running[name] = (subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env),
                              log, time.perf_counter())
@@ -169,14 +214,14 @@ def training_speed(run: Path) -> float | None:
 def run_lab(lab: str, runs_root: Path, out_dir: Path, jobs: Sequence[Job],
             evaluate: Callable[[Path, Mapping[str, Any] | None], dict[str, Any]],
             plot: Callable[[Reports, Sequence[str], Path], Path],
-            table: Callable[[Reports, Sequence[str]], str], *, group: str = "pos", doc: str = LAB_DOC) -> str:
+            table: Callable[[Reports, Sequence[str]], str], *,
+            doc: str = LAB_DOC) -> tuple[str, list[dict[str, Any]]]:
     """Evaluate every job, then write ``<out_dir>/<lab>.png`` and the table (in ``<out_dir>/<doc>``);
-    returns the table."""
+    returns the table and the reports."""
     missing = sorted({pos for _, pos, _ in jobs if not (runs_root / pos).is_dir()})
     if missing:
-        names = ",".join(dict.fromkeys(pos for _, pos, _ in jobs))
-        raise ValueError(f"no run directory for {', '.join(missing)} under {runs_root}; train them with "
-                         f"python scripts/train.py -m experiment={lab} {group}={names}")
+        raise ValueError(f"no run directory for {', '.join(missing)} under {runs_root}; run the lab with "
+                         "train=true to train them")
     labels, reports = [], []
     for label, pos, scaling in jobs:
         began = time.perf_counter()
@@ -187,7 +232,7 @@ def run_lab(lab: str, runs_root: Path, out_dir: Path, jobs: Sequence[Job],
     plot(reports, labels, out_dir / f"{lab}.png")
     text = table(reports, labels)
     write_table(out_dir / doc, text, name=f"{lab}-table")
-    return text
+    return text, reports
 
 
 def extrapolation_lab(cfg: LabConfig) -> str:
@@ -197,10 +242,11 @@ def extrapolation_lab(cfg: LabConfig) -> str:
     out_dir = Path(cfg.out_dir)
     common = dict(batch_size=cfg.batch_size, dtype=cfg.dtype, device=cfg.device)
     if cfg.train:
-        train_runs(cfg.lab, runs_root, LAB_ENCODINGS, cfg.workers, cfg.train_overrides)
+        train_runs(cfg.lab, runs_root, {pos: [f"pos={pos}", f"out_dir={runs_root}"] for pos in LAB_ENCODINGS},
+                   cfg.workers, cfg.train_overrides)
     plain: list[Job] = [(pos, pos, None) for pos in LAB_ENCODINGS]
     if cfg.passkey:
-        table = run_lab(cfg.lab, runs_root, out_dir, plain,
+        table, _ = run_lab(cfg.lab, runs_root, out_dir, plain,
                         lambda run, _: run_passkey_eval(PasskeyEvalConfig(ckpt=str(run), samples=cfg.samples,
                                                                           **common)),
                         plot_passkey, passkey_summary_table)
@@ -214,7 +260,7 @@ def extrapolation_lab(cfg: LabConfig) -> str:
             # The encoding's price: its run's training speed (a zero-shot scaling trains nothing).
             return report if scaling else {**report, "train_tok_per_s": training_speed(run)}
 
-        table = run_lab(cfg.lab, runs_root, out_dir, plain + scaled, evaluate, plot_length_curves,
+        table, _ = run_lab(cfg.lab, runs_root, out_dir, plain + scaled, evaluate, plot_length_curves,
                         length_table)
     print(table, end="")
     print(f"lab done in {time.perf_counter() - began:.0f} s; wrote {out_dir / LAB_DOC} and "
@@ -227,8 +273,8 @@ def attention_lab(cfg: AttentionLabConfig) -> str:
     began = time.perf_counter()
     runs_root, out_dir = Path(cfg.runs_root or "runs/attention"), Path(cfg.out_dir)
     if cfg.train:
-        train_runs("attention", runs_root, ATTENTION_VARIANTS, cfg.workers, cfg.train_overrides,
-                   group="attention")
+        train_runs("attention", runs_root, {name: [f"attention={name}", f"out_dir={runs_root}"]
+                                            for name in ATTENTION_VARIANTS}, cfg.workers, cfg.train_overrides)
 
     def evaluate(run: Path, _: Mapping[str, Any] | None) -> dict[str, Any]:
         report = run_length_eval(LengthEvalConfig(ckpt=str(run), max_tokens=cfg.max_tokens, mode="chunks",
@@ -242,9 +288,40 @@ def attention_lab(cfg: AttentionLabConfig) -> str:
                 "max_attn_logit": largest_attention_logit(run)}
 
     jobs: list[Job] = [(name, name, None) for name in ATTENTION_VARIANTS]
-    table = run_lab("attention", runs_root, out_dir, jobs, evaluate, plot_length_curves, length_table,
-                    group="attention", doc=ATTENTION_DOC)
+    table, _ = run_lab("attention", runs_root, out_dir, jobs, evaluate, plot_length_curves, length_table,
+                    doc=ATTENTION_DOC)
     print(table, end="")
     print(f"lab done in {time.perf_counter() - began:.0f} s; wrote {out_dir / ATTENTION_DOC} and "
           f"{out_dir / 'attention.png'}")
+    return table
+
+
+def task_lab(cfg: TaskLabConfig) -> str:
+    """The command: train (with ``train``) every (task, encoding) run, score each at 1-4x its training
+    size, write docs/tasks.{png,md} and a summary JSON (docs/tasks.json); print the table."""
+    began = time.perf_counter()
+    runs_root, out_dir = Path(cfg.runs_root or "runs/tasks"), Path(cfg.out_dir)
+    if cfg.train:
+        jobs = {f"{task}/{pos}": [f"task={task}", f"pos={pos}", f"out_dir={runs_root / task}"]
+                for task in cfg.tasks for pos in cfg.encodings}
+        train_runs("tasks", runs_root, jobs, cfg.workers, cfg.train_overrides)
+
+    def evaluate(run: Path, _: Mapping[str, Any] | None) -> dict[str, Any]:
+        report = run_task_eval(TaskEvalConfig(ckpt=str(run), factors=cfg.factors, per_bin=cfg.per_bin,
+                                              seed=cfg.seed, batch_size=cfg.batch_size, dtype=cfg.dtype,
+                                              device=cfg.device))
+        return {**report, "train_tok_per_s": training_speed(run)}  # the encoding's price
+
+    runs: list[Job] = [(pos, f"{task}/{pos}", None) for task in cfg.tasks for pos in cfg.encodings]
+    table, reports = run_lab("tasks", runs_root, out_dir, runs, evaluate, plot_tasks, task_table,
+                             doc=TASK_DOC)
+    # Every number of the table with what re-derives it: the run, its step and the instances' seeds.
+    summary = [{**{k: v for k, v in report.items() if k != "results"},
+                "results": [{k: v for k, v in b.items() if k != "records"} for b in report["results"]]}
+               for report in reports]
+    write_report(out_dir / "tasks.json", {"seed_words": "[EVAL_STREAM, seed, bin, i] (nanoattn.data.tasks)",
+                                          "runs": summary})
+    print(table, end="")
+    print(f"lab done in {time.perf_counter() - began:.0f} s; wrote {out_dir / TASK_DOC}, "
+          f"{out_dir / 'tasks.png'} and {out_dir / 'tasks.json'}")
     return table

@@ -5,7 +5,7 @@ Nothing here imports Hydra: the scripts register these dataclasses with Hydra's 
 """
 
 from nanoattn.config.model import MLPS, NORMS, PRESETS, ModelConfig, preset
-from nanoattn.config.run import DataConfig, LoggerConfig, RunConfig, TokenizerConfig, TrainConfig
+from nanoattn.config.run import DataConfig, LoggerConfig, RunConfig, TaskConfig, TokenizerConfig, TrainConfig
 
 __all__ = ["MLPS", "NORMS", "PRESETS", "DataConfig", "LoggerConfig", "ModelConfig", "RunConfig",
-           "TokenizerConfig", "TrainConfig", "preset"]
+           "TaskConfig", "TokenizerConfig", "TrainConfig", "preset"]

@@ -13,6 +13,7 @@ from typing import Any
 
 from nanoattn.config.model import ModelConfig
 from nanoattn.runtime import DEVICES
+from nanoattn.tasks import TASKS, Task
 from nanoattn.validation import (
     as_float,
     check_bool,
@@ -187,6 +188,35 @@ class TrainConfig:
 
 
 @dataclass
+class TaskConfig:
+    """A task of the suite to train on instead of the corpus text (nanoattn/tasks, docs/tasks.md)."""
+
+    name: str | None = None  # None: language modelling on data; else a task of nanoattn.tasks.TASKS
+    train_length: int = 16  # L: training instances have sizes drawn uniformly in [the task's min_size, L]
+    reversed_answer: bool = True  # addition: the sum written least significant digit first
+    ignore_prob: float = 0.8  # flip_flop: share of ignore instructions (sparse 0.98, dense 0.1)
+
+    def __post_init__(self) -> None:
+        own = "task"
+        if self.name is not None:
+            check_choice(own, "name", self.name, tuple(TASKS))
+        check_positive_int(own, "train_length", self.train_length)
+        if self.name is not None and self.train_length < TASKS[self.name].min_size:
+            fail(own, "train_length", self.train_length,
+                 f"must be at least {TASKS[self.name].min_size}, the smallest {self.name} instance")
+        check_bool(own, "reversed_answer", self.reversed_answer)
+        if not 0 <= as_float(self.ignore_prob) < 1:
+            fail(own, "ignore_prob", self.ignore_prob, "must be in [0, 1)")
+
+    def build(self) -> Task:
+        """The task generator ``name`` with the options it reads."""
+        if self.name is None:
+            raise ValueError("task.name=None is invalid here: name a task of the suite")
+        cls = TASKS[self.name]
+        return cls(**{option: getattr(self, option) for option in cls.options})
+
+
+@dataclass
 class LoggerConfig:
     """Where metrics go besides ``metrics.jsonl``, which is always written (nanoattn/logging.py)."""
 
@@ -221,22 +251,28 @@ class RunConfig:
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
     logger: LoggerConfig = dataclasses.field(default_factory=LoggerConfig)
+    task: TaskConfig = dataclasses.field(default_factory=TaskConfig)  # name set: train on that task
 
     def __post_init__(self) -> None:
         check_text("run", "out_dir", self.out_dir)
-        for name, cls in (("data", DataConfig), ("train", TrainConfig), ("logger", LoggerConfig)):
+        for name, cls in (("data", DataConfig), ("train", TrainConfig), ("logger", LoggerConfig),
+                          ("task", TaskConfig)):
             if isinstance(getattr(self, name), Mapping):
                 setattr(self, name, from_dict(cls, getattr(self, name), owner=name))
         if isinstance(self.model, Mapping):
             self.model = ModelConfig.from_dict(self.model)
         for name, cls in (("model", ModelConfig), ("data", DataConfig), ("train", TrainConfig),
-                          ("logger", LoggerConfig)):
+                          ("logger", LoggerConfig), ("task", TaskConfig)):
             if not isinstance(getattr(self, name), cls):
                 fail("run", name, getattr(self, name), f"must be a {cls.__name__} or a mapping")
         if self.model.pos == "learned" and self.seq_len > self.model.max_seq_len:
             fail("train", "seq_len", self.train.seq_len,
                   f"must be at most model.max_seq_len={self.model.max_seq_len} with pos='learned' "
                   "(the position table has no rows past it)")
+
+        if self.task.name is not None and self.train.passkey_fraction > 0:
+            fail("train", "passkey_fraction", self.train.passkey_fraction,
+                 "must be 0 with a task: passkey samples replace corpus rows, and a task run has none")
 
     @property
     def seq_len(self) -> int:

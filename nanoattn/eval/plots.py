@@ -9,12 +9,15 @@ Design choices:
   the longest length's loss by position, smoothed (``SMOOTH_POINTS``). Eleven distinct colours,
   then the same dashed, so the lab's eleven curves stay apart.
 - Passkey: one length x depth heat map per report, grey where the model cannot run a length.
+- Tasks: exact-match accuracy against size (a factor of the training length), a panel per task
+  and a curve per label in the same style in every panel, so an encoding is one colour throughout.
 - Heads: a grid of every head's map, one head at full size with its tokens, the importance
   heatmap labelled with each head's kind, and the pruning curve.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -27,6 +30,8 @@ from cycler import cycler
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, NullFormatter
 
+# Eleven distinct colours solid, then the same dashed: one style per curve of a lab.
+CURVE_STYLES = cycler(linestyle=["-", "--"]) * cycler(color=[*matplotlib.colormaps["tab10"].colors, "black"])
 SMOOTH_POINTS = 32  # the per-position panel averages over about L / SMOOTH_POINTS positions
 # Per-head maps label their axes with the tokens up to this length; longer ones would be unreadable.
 MAX_LABELLED_TOKENS = 96
@@ -39,9 +44,8 @@ def plot_length_curves(reports: Sequence[Mapping[str, Any]], labels: Sequence[st
     """Perplexity vs length (log x, training length marked) and the longest length's loss by position."""
     fig = Figure(figsize=(13, 4.5))
     left, right = fig.subplots(1, 2)
-    styles = cycler(linestyle=["-", "--"]) * cycler(color=[*matplotlib.colormaps["tab10"].colors, "black"])
     for axis in (left, right):
-        axis.set_prop_cycle(styles)
+        axis.set_prop_cycle(CURVE_STYLES)
     for report, label in zip(reports, labels, strict=True):
         scored = [r for r in report["results"] if r.get("ppl") is not None]
         left.plot([r["length"] for r in scored], [r["ppl"] for r in scored], marker="o", label=label)
@@ -74,6 +78,30 @@ def plot_length_curves(reports: Sequence[Mapping[str, Any]], labels: Sequence[st
     path = Path(path)
     fig.savefig(path, dpi=120)
     return path
+
+
+def plot_tasks(reports: Sequence[Mapping[str, Any]], labels: Sequence[str], path: str | Path) -> Path:
+    """Exact match vs size / training length: a panel per task, a curve per label (missing bins skipped)."""
+    tasks = list(dict.fromkeys(report["task"]["name"] for report in reports))
+    styles = dict(zip(dict.fromkeys(labels), itertools.cycle(CURVE_STYLES)))
+    columns = min(3, len(tasks))
+    fig = Figure(figsize=(4.3 * columns, 3.3 * math.ceil(len(tasks) / columns)), layout="constrained")
+    axes = list(fig.subplots(math.ceil(len(tasks) / columns), columns, squeeze=False).flat)
+    for axis, task in zip(axes, tasks, strict=False):  # a grid has as many or more panels
+        for report, label in zip(reports, labels, strict=True):
+            if report["task"]["name"] == task:
+                scored = [b for b in report["results"] if b.get("exact") is not None]
+                axis.plot([b["factor"] for b in scored], [b["exact"] for b in scored], marker="o",
+                          label=label, **styles[label])
+        axis.axvline(1.0, color="gray", linestyle="--", linewidth=1)
+        axis.set(title=task, xlabel="size / training length", ylabel="exact match", ylim=(-0.03, 1.03))
+    for axis in axes[len(tasks):]:
+        axis.set_visible(False)
+    handles = {label: handle for axis in fig.axes
+               for handle, label in zip(*axis.get_legend_handles_labels(), strict=True)}
+    fig.legend(handles.values(), handles.keys(), loc="outside right center")
+    fig.savefig(path, dpi=100)
+    return Path(path)
 
 
 def moving_average(values: Sequence[float], width: int) -> list[float]:

@@ -14,7 +14,8 @@ Design choices:
   written atomically: a reader never sees half a report.
 - The keys the commands share are two base dataclasses, each field checked once in
   ``__post_init__`` and named after the command (``owner``): ``CheckpointEvalConfig`` (what to
-  load) and ``AtLengthsConfig`` (an evaluation at several lengths: eval_length, eval_passkey).
+  load), ``ReportConfig`` (a report file and its figure: eval_task) and ``AtLengthsConfig`` (a
+  report at several lengths: eval_length, eval_passkey).
   A field is checked on its own there; the measurement functions check combinations (a stride
   with chunks, a stride past the shortest length).
 """
@@ -63,13 +64,11 @@ class CheckpointEvalConfig:
 
 
 @dataclass
-class AtLengthsConfig(CheckpointEvalConfig):
-    """An evaluation at several lengths, optionally under a zero-shot RoPE scaling, written as a report."""
+class ReportConfig(CheckpointEvalConfig):
+    """An evaluation of a checkpoint, optionally under a zero-shot RoPE scaling, written as a report."""
 
     report_stem: ClassVar[str]  # set by each command's config: <run dir>/<report_stem>[...].json
 
-    lengths: list[int] | None = None  # in tokens; None: multiples of the checkpoint's training length
-    multiples: Sequence[float] = DEFAULT_MULTIPLES
     batch_size: int = 4  # windows (or samples) per forward pass
     dtype: str = "float32"  # auto | float32 | bfloat16 | float16: autocast, the weights stay float32
     rope_scaling: dict[str, Any] | None = None  # zero-shot, e.g. {type: yarn, factor: 4}; RoPE models only
@@ -79,10 +78,6 @@ class AtLengthsConfig(CheckpointEvalConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         own = self.owner
-        if self.lengths is not None:
-            check_lengths(own, self.lengths)
-        check_multiples(own, self.multiples)
-        self.multiples = tuple(self.multiples)  # the declared default's type, whatever the caller passed
         check_positive_int(own, "batch_size", self.batch_size)
         check_choice(own, "dtype", self.dtype, DTYPES)
         if self.rope_scaling is not None and not isinstance(self.rope_scaling, Mapping):
@@ -95,12 +90,6 @@ class AtLengthsConfig(CheckpointEvalConfig):
         """``load_for_eval`` of this checkpoint, scaling, device and data folder."""
         return load_for_eval(self.ckpt, rope_scaling=self.rope_scaling, device=self.device,
                              data_dir=self.data_dir)
-
-    def lengths_for(self, train_seq_len: int) -> list[int]:
-        """``lengths`` ascending, or else ``multiples`` of the checkpoint's training length."""
-        if self.lengths is not None:
-            return check_lengths(self.owner, self.lengths)
-        return lengths_from_multiples(train_seq_len, self.multiples)
 
     def output(self) -> Path:
         """``out``, or else the run's default report file (``default_output`` of ``report_stem``)."""
@@ -129,6 +118,27 @@ class AtLengthsConfig(CheckpointEvalConfig):
         """What ``save`` wrote, as a line for the console."""
         out = self.output()
         return f"wrote {out}" + (f" and {out.with_suffix('.png')}" if self.plot else "")
+
+
+@dataclass
+class AtLengthsConfig(ReportConfig):
+    """An evaluation at several lengths (eval_length, eval_passkey)."""
+
+    lengths: list[int] | None = None  # in tokens; None: multiples of the checkpoint's training length
+    multiples: Sequence[float] = DEFAULT_MULTIPLES
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.lengths is not None:
+            check_lengths(self.owner, self.lengths)
+        check_multiples(self.owner, self.multiples)
+        self.multiples = tuple(self.multiples)  # the declared default's type, whatever the caller passed
+
+    def lengths_for(self, train_seq_len: int) -> list[int]:
+        """``lengths`` ascending, or else ``multiples`` of the checkpoint's training length."""
+        if self.lengths is not None:
+            return check_lengths(self.owner, self.lengths)
+        return lengths_from_multiples(train_seq_len, self.multiples)
 
 
 def run_data_dir(checkpoint_path: Path) -> Path:

@@ -51,7 +51,7 @@ from nanoattn.checkpoint import (
     save_checkpoint,
 )
 from nanoattn.config import RunConfig
-from nanoattn.data import TokenData, bits_per_byte, load_tokenizer, open_prepared
+from nanoattn.data import TaskData, TokenData, bits_per_byte, load_tokenizer, open_prepared
 from nanoattn.eval.passkey import PasskeyMix
 from nanoattn.logging import make_logger, note, truncate_metrics
 from nanoattn.model import GPT
@@ -168,6 +168,12 @@ class _Run:
         self._fit_vocab(data)
         if t.passkey_fraction > 0:  # the passkey recipe's data mix (configs/experiment/passkey.yaml)
             data = PasskeyMix(data, t.passkey_fraction)
+        if cfg.task.name is not None:  # a task of the suite instead of the corpus (docs/tasks.md)
+            data = TaskData(data, cfg.task.build(), cfg.task.train_length)
+            self.seq_len = data.check_seq_len(t.seq_len)
+            if cfg.model.pos == "learned" and self.seq_len > cfg.model.max_seq_len:
+                raise ValueError(f"model.max_seq_len={cfg.model.max_seq_len} is invalid for task "
+                                 f"{cfg.task.name}: its instances need {self.seq_len} learned positions")
         state = load_trainer_state(ckpt) if ckpt is not None else None
         if state is not None:
             self._check_resumable(state, ckpt)

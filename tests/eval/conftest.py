@@ -12,11 +12,13 @@ from nanoattn.commands.analyze_heads import HeadAnalysisConfig  # noqa: E402
 from nanoattn.commands.compare_length import CompareLengthConfig  # noqa: E402
 from nanoattn.commands.eval_length import LengthEvalConfig  # noqa: E402
 from nanoattn.commands.eval_passkey import PasskeyEvalConfig  # noqa: E402
-from nanoattn.commands.labs import AttentionLabConfig, LabConfig  # noqa: E402
+from nanoattn.commands.eval_task import TaskEvalConfig  # noqa: E402
+from nanoattn.commands.labs import AttentionLabConfig, LabConfig, TaskLabConfig  # noqa: E402
 
 SCHEMAS = {"eval_length": LengthEvalConfig, "eval_passkey": PasskeyEvalConfig,
            "analyze_heads": HeadAnalysisConfig, "compare_length": CompareLengthConfig,
-           "extrapolation_lab": LabConfig, "attention_lab": AttentionLabConfig}
+           "extrapolation_lab": LabConfig, "attention_lab": AttentionLabConfig, "eval_task": TaskEvalConfig,
+           "task_lab": TaskLabConfig}
 
 
 @pytest.fixture(scope="session")

@@ -82,14 +82,18 @@ def _inject(monkeypatch, on_call, action):
     return calls
 
 
-@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+@pytest.mark.parametrize(("optimizer", "task"), [("adamw", None), ("muon", None), ("adamw", "flip_flop")])
 def test_sigterm_checkpoints_and_the_resumed_run_equals_an_uninterrupted_one(
-        tmp_path, tiny_config, monkeypatch, compare_runs, optimizer):
+        tmp_path, tiny_config, monkeypatch, compare_runs, optimizer, task):
     # dropout (RNG state), gradient accumulation, a log window open at the stop and the optimizer's
-    # state (Muon's momentum buffers too) all must survive.
+    # state (Muon's momentum buffers too) all must survive; a task run draws the same instances.
     options = dict(model={"dropout": 0.1}, grad_accum=2, log_interval=3, eval_interval=6, ckpt_interval=100,
                    optimizer=optimizer)
-    reference = train(tiny_config(tmp_path / "reference", **options))
+
+    def config(out_dir, **more):
+        return {**tiny_config(out_dir, **options, **more), "task": {"name": task, "train_length": 8}}
+
+    reference = train(config(tmp_path / "reference"))
     sent = {"done": False}
 
     def sigterm_once(loss):
@@ -99,12 +103,12 @@ def test_sigterm_checkpoints_and_the_resumed_run_equals_an_uninterrupted_one(
         return loss
 
     calls = _inject(monkeypatch, 9, sigterm_once)  # micro-batch 9 = the first of update 5
-    run_dir = train(tiny_config(tmp_path / "run", **options))
+    run_dir = train(config(tmp_path / "run"))
     assert calls["n"] == 10  # update 5 finished, then it stopped
     assert (run_dir / "checkpoints" / "latest").read_text() == "000005\n"
     assert load_trainer_state(run_dir)["window"]["count"] == 4  # updates 4 and 5, 2 micro-batches each
     monkeypatch.undo()
-    train(tiny_config(tmp_path / "run", resume=True, **options))
+    train(config(tmp_path / "run", resume=True))
     compare_runs(run_dir, reference, 1e-6)
 
 

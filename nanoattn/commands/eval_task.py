@@ -1,0 +1,94 @@
+"""``scripts/eval_task.py``: a task run's accuracy by size, from its training length to 4x (docs/tasks.md).
+
+``run_task_eval`` reads the task from the run's ``config.yaml``, scores the checkpoint
+(``nanoattn.eval.tasks``) with filler from the held-out split and writes the report
+(``<run dir>/task_eval[_<scaling>][_step<N>].json``: every bin and every instance's seed, size and
+result) and its figure; ``eval_task`` is the command: the same, then the table on stdout.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from nanoattn.checkpoint import run_directory
+from nanoattn.config import TaskConfig
+from nanoattn.data import TaskData
+from nanoattn.eval.plots import plot_tasks
+from nanoattn.eval.runs import ReportConfig, checkpoint_fields
+from nanoattn.eval.tasks import (
+    DEFAULT_FACTORS,
+    DEFAULT_PER_BIN,
+    check_factors,
+    evaluate_task,
+    size_bins,
+    task_table,
+)
+from nanoattn.validation import check_non_negative_int, check_positive_int, from_dict
+
+REPORT_STEM = "task_eval"
+
+
+@dataclass
+class TaskEvalConfig(ReportConfig):
+    """Every key of ``scripts/eval_task.py`` (the inherited ones: ``ReportConfig``)."""
+
+    owner = "eval_task"
+    report_stem = REPORT_STEM
+
+    batch_size: int = 64  # instances per forward pass
+    factors: Sequence[float] = DEFAULT_FACTORS  # bins: sizes up to factor x the training length
+    per_bin: int = DEFAULT_PER_BIN  # instances per bin (400: a 95% interval within +-5 points)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.factors = check_factors(self.owner, self.factors)
+        check_positive_int(self.owner, "per_bin", self.per_bin)
+        check_non_negative_int(self.owner, "seed", self.seed)
+
+
+def run_task(ckpt_path) -> TaskConfig:
+    """The task a checkpoint's run trained on (its config.yaml); an error for a language-model run."""
+    config_file = run_directory(ckpt_path) / "config.yaml"
+    found = (yaml.safe_load(config_file.read_text()) or {}).get("task") if config_file.is_file() else None
+    task = from_dict(TaskConfig, found or {}, owner="task")
+    if task.name is None:
+        raise ValueError(f"eval_task.ckpt={str(ckpt_path)!r} is invalid: its run trained no task "
+                         f"({config_file} has no task.name); train one with experiment=tasks task=<name>")
+    return task
+
+
+def run_task_eval(cfg: TaskEvalConfig) -> dict[str, Any]:
+    """Score ``cfg.ckpt`` on its task at every bin; write the JSON report (and figure). Returns the report."""
+    checkpoint, data = cfg.load()
+    task = run_task(checkpoint.path)
+    task_data = TaskData(data, task.build(), task.train_length)
+    size_bins(task.train_length, cfg.factors, task_data.task.min_size)  # bad factors fail before any work
+    began = time.perf_counter()
+    bins = evaluate_task(checkpoint.model, task_data, factors=cfg.factors, per_bin=cfg.per_bin, seed=cfg.seed,
+                         batch_size=cfg.batch_size, dtype=cfg.dtype)
+    report = {
+        **checkpoint_fields(checkpoint),
+        "task": dataclasses.asdict(task),
+        "per_bin": cfg.per_bin,
+        "seed": cfg.seed,
+        "rope_scaling": checkpoint.config.rope_scaling,
+        "seconds": round(time.perf_counter() - began, 1),
+        "results": bins,
+    }
+    cfg.save(report, plot_tasks)
+    return report
+
+
+def eval_task(cfg: TaskEvalConfig) -> dict[str, Any]:
+    """The command: ``run_task_eval``, then the table and the files written."""
+    report = run_task_eval(cfg)
+    print(task_table([report], [cfg.label()]), end="")
+    print(cfg.written())
+    return report

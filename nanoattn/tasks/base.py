@@ -1,0 +1,106 @@
+"""What every task is: a seeded generator of instances whose answers are exact.
+
+Design choices:
+
+- An instance is a list of segments, each task text or filler, each scored or not. Task text uses
+  only the task's ``alphabet`` (one token a character with the byte or char tokenizer); filler is
+  token ids taken as they are from a corpus split (the RULER tasks), so a filler slice is real
+  text of an exact number of tokens. Scored segments are the answer: the loss and the accuracy
+  count only them (flip-flop has one scored bit per read, the other tasks one answer at the end).
+- ``size`` is the task's own length: symbols for copy, digits per operand for addition,
+  instructions for flip-flop, tokens for the filler tasks. Training draws sizes in
+  ``[min_size, L]``; evaluation draws them in bins up to 4 L. ``max_tokens(size)`` bounds the
+  tokens of an instance of that size, so a batch's width is known before any instance is drawn.
+- Generators are pure functions of a NumPy ``Generator``: a seed reproduces the instance.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+Piece = str | np.ndarray  # task text, or filler token ids
+
+
+@dataclass(frozen=True)
+class Segment:
+    piece: Piece
+    scored: bool = False
+
+
+@dataclass(frozen=True)
+class Instance:
+    """One problem: its size and its segments in order."""
+
+    size: int
+    segments: tuple[Segment, ...]
+
+    @property
+    def answer(self) -> str:
+        """The scored text, concatenated."""
+        return "".join(s.piece for s in self.segments if s.scored)
+
+    @property
+    def text(self) -> str:
+        """The whole instance as text, filler shown as ``[N filler tokens]`` (for reading, not tokens)."""
+        return "".join(s.piece if isinstance(s.piece, str) else f"[{len(s.piece)} filler tokens]"
+                       for s in self.segments)
+
+
+class Task(abc.ABC):
+    """A task of the suite: ``instance(rng, size, filler)`` draws one problem of that size."""
+
+    name: ClassVar[str]
+    alphabet: ClassVar[str]  # every character of its text
+    min_size: ClassVar[int] = 1
+    uses_filler: ClassVar[bool] = False
+    options: ClassVar[tuple[str, ...]] = ()  # TaskConfig fields this task reads
+
+    @abc.abstractmethod
+    def instance(self, rng: np.random.Generator, size: int, filler: np.ndarray | None = None) -> Instance:
+        """A problem of ``size`` (filler: the token ids to take filler from, for ``uses_filler`` tasks)."""
+
+    @abc.abstractmethod
+    def max_tokens(self, size: int) -> int:
+        """The most tokens an instance of ``size`` has (one token a character of text)."""
+
+
+def symbols(rng: np.random.Generator, alphabet: str, count: int) -> str:
+    """``count`` characters drawn uniformly from ``alphabet``."""
+    return "".join(np.asarray(list(alphabet))[rng.integers(0, len(alphabet), size=count)])
+
+
+def unique_words(rng: np.random.Generator, alphabet: str, length: int, count: int) -> list[str]:
+    """``count`` distinct words of ``length`` characters of ``alphabet``."""
+    words: list[str] = []
+    while len(words) < count:
+        word = symbols(rng, alphabet, length)
+        if word not in words:
+            words.append(word)
+    return words
+
+
+def with_filler(rng: np.random.Generator, filler: np.ndarray | None, size: int, reserved: int,
+                inserts: Sequence[str], name: str) -> list[Segment]:
+    """``inserts`` in order at random depths of one contiguous filler passage, ``size - reserved`` tokens
+    in all (``reserved``: the tokens of what follows, the question and its answer)."""
+    if filler is None:
+        raise ValueError(f"task {name} needs filler token ids (a corpus split), got None")
+    amount = size - reserved - sum(len(text) for text in inserts)
+    if amount < 0:
+        raise ValueError(f"task {name}: size {size} leaves no room for its statements and question "
+                         f"({size - amount} tokens)")
+    if filler.size < amount:
+        raise ValueError(f"task {name}: the filler has {filler.size} tokens, fewer than the {amount} needed")
+    start = int(rng.integers(0, filler.size - amount + 1))
+    passage = np.asarray(filler[start:start + amount], dtype=np.int64)
+    cuts = np.sort(rng.integers(0, amount + 1, size=len(inserts)))
+    segments, previous = [], 0
+    for cut, text in zip(cuts, inserts, strict=True):
+        segments += [Segment(passage[previous:cut]), Segment(text)]
+        previous = int(cut)
+    return [*segments, Segment(passage[previous:])]
