@@ -1,4 +1,4 @@
-"""Every task's answers, recomputed from the instance's text by code that shares nothing with the generator."""
+"""Every task's answers, recomputed from the text by code that shares nothing with its generator."""
 
 from __future__ import annotations
 

@@ -59,5 +59,5 @@ def test_task_config_errors_are_one_line():
 def test_a_learned_table_shorter_than_the_tasks_instances_is_refused_before_training(tmp_path, tiny_config):
     cfg = {**tiny_config(tmp_path / "run", model={"pos": "learned", "max_seq_len": 16}),
            "task": {"name": "copy", "train_length": 8}}
-    with pytest.raises(ValueError, match=r"model.max_seq_len=16 is invalid for task copy: its instances need"):
+    with pytest.raises(ValueError, match=r"model.max_seq_len=16 is invalid for task copy: its instances"):
         train(cfg)
