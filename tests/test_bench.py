@@ -33,8 +33,9 @@ from nanoattn.bench import (
     run_bench,
     run_sections,
 )
+from nanoattn.bench.speedrun import recipe, time_to, training_curve, value_at
 from nanoattn.bench.variants import BENCH_ATTENTION
-from nanoattn.config import ModelConfig, RunConfig
+from nanoattn.config import ModelConfig, RunConfig, preset
 from nanoattn.positional import REGISTRY
 from nanoattn.train import step
 from nanoattn.validation import from_dict
@@ -210,3 +211,26 @@ def test_bad_options_are_one_line_errors(tmp_path, monkeypatch, bench_cli_store)
         BenchConfig(threads=0)
     with pytest.raises(ValueError, match="bench.only='speed' is invalid"):
         run_sections(["speed"], BenchConfig())
+
+
+def test_speedrun_reads_time_to_target_and_the_fixed_budget_from_the_evaluations():
+    records = [{"step": 10, "tokens": 1000, "tok_per_s": 100.0, "val_bpb": 3.0},  # 10 s
+               {"step": 20, "tokens": 2000, "tok_per_s": 50.0},                   # +20 s (no evaluation)
+               {"step": 30, "tokens": 3000, "tok_per_s": 100.0, "val_bpb": 2.0}]  # +10 s
+    curve = training_curve(records)
+    assert curve == [(10.0, 3.0), (40.0, 2.0)]
+    assert time_to(curve, 2.5) == pytest.approx(25.0) and time_to(curve, 3.5) == 10.0
+    assert time_to(curve, 1.9) is None
+    assert value_at(curve, 25.0) == pytest.approx(2.5) and value_at(curve, 40.0) == 2.0
+    assert value_at(curve, 41.0) is None
+
+
+def test_speedrun_recipes_are_the_default_run_with_overrides():
+    run = recipe(["train.optimizer=muon", "model.qk_norm=before_rope", "train.lr=0.01"], max_steps=7)
+    assert (run.train.optimizer, run.model.qk_norm, run.train.lr) == ("muon", "before_rope", 0.01)
+    assert run.train.max_steps == 7
+    assert recipe([]) == RunConfig(model=preset("llama-tiny"))  # what scripts/train.py composes
+    with pytest.raises(ValueError, match=r"override 'train.bogus=1' is invalid: expected key=value"):
+        recipe(["train.bogus=1"])
+    with pytest.raises(ValueError, match=r"bench.speedrun_candidate=\['muon'\] is invalid: must be a list"):
+        BenchConfig(speedrun_candidate=["muon"])

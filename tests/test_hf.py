@@ -231,6 +231,7 @@ def test_load_hf_tokenizer_without_tokenizer_json(tmp_path):
     (dict(LLAMA, mlp="gelu"), "model.mlp='gelu' has no counterpart in transformers' Llama"),
     (dict(GPT2, norm="rmsnorm"), "model.norm='rmsnorm' has no counterpart in transformers' GPT-2"),
     (dict(GPT2, mlp="swiglu"), "model.mlp='swiglu' has no counterpart in transformers' GPT-2"),
+    (dict(GPT2, mlp="relu2"), "model.mlp='relu2' has no counterpart in transformers' GPT-2"),
     (dict(GPT2, bias=False), "model.bias=False has no counterpart in transformers' GPT-2"),
     (dict(GPT2, n_kv_head=2), "model.n_kv_head=2 has no counterpart in transformers' GPT-2"),
 ])

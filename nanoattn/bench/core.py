@@ -54,6 +54,11 @@ class BenchConfig:
     reps: int | None = None  # timed repetitions per measurement; null: 5 (quick: 3)
     threads: int | None = None  # torch CPU threads; null: torch's default
     e2e_seconds: float | None = None  # e2e: time the bare step at least this long; null: 30 (quick: 10)
+    # speedrun (not in the default list: two whole trainings, about 10 minutes on 2 CPU cores):
+    speedrun_reference: list[str] = dataclasses.field(default_factory=list)  # key=value over the default run
+    speedrun_candidate: list[str] = dataclasses.field(default_factory=lambda: ["train.optimizer=muon"])
+    speedrun_target: float = 2.044  # val_bpb: the round-1 default's final value on the held-out plays
+    speedrun_eval_interval: int = 100  # steps between the evaluations the curves are read from
 
     def __post_init__(self) -> None:
         own = "bench"
@@ -81,6 +86,15 @@ class BenchConfig:
             self.e2e_seconds = 10.0 if self.quick else 30.0
         if not as_float(self.e2e_seconds) >= 0:
             fail(own, "e2e_seconds", self.e2e_seconds, "must be a number of seconds >= 0")
+        for name in ("speedrun_reference", "speedrun_candidate"):
+            value = getattr(self, name)
+            if not isinstance(value, (list, tuple)) or not all(isinstance(o, str) and "=" in o
+                                                                for o in value):
+                fail(own, name, value, "must be a list of key=value run overrides, e.g. [train.lr=0.01]")
+            setattr(self, name, list(value))
+        if not as_float(self.speedrun_target) > 0:
+            fail(own, "speedrun_target", self.speedrun_target, "must be a positive val_bpb")
+        check_positive_int(own, "speedrun_eval_interval", self.speedrun_eval_interval)
         self.model = _model_config("model", self.model, max_seq_len=self.seq_len)
         self.decode_model = _model_config("decode_model", self.decode_model)
 

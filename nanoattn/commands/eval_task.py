@@ -26,7 +26,6 @@ from nanoattn.eval.tasks import (
     DEFAULT_PER_BIN,
     check_factors,
     evaluate_task,
-    size_bins,
     task_table,
 )
 from nanoattn.validation import check_non_negative_int, check_positive_int, from_dict
@@ -69,7 +68,6 @@ def run_task_eval(cfg: TaskEvalConfig) -> dict[str, Any]:
     checkpoint, data = cfg.load()
     task = run_task(checkpoint.path)
     task_data = TaskData(data, task.build(), task.train_length)
-    size_bins(task.train_length, cfg.factors, task_data.task.min_size)  # bad factors fail before any work
     began = time.perf_counter()
     bins = evaluate_task(checkpoint.model, task_data, factors=cfg.factors, per_bin=cfg.per_bin, seed=cfg.seed,
                          batch_size=cfg.batch_size, dtype=cfg.dtype)

@@ -27,7 +27,7 @@ from nanoattn.validation import (
 )
 
 NORMS = ("layernorm", "rmsnorm")
-MLPS = ("gelu", "swiglu")
+MLPS = ("gelu", "swiglu", "relu2")
 QK_NORMS = ("none", "before_rope", "after_rope")
 
 
@@ -76,7 +76,7 @@ class ModelConfig:
     logit_softcap: float | None = None  # Gemma 2: output logits -> cap * tanh(logits / cap) (30.0)
     norm: str = "rmsnorm"  # layernorm | rmsnorm
     norm_eps: float = 1e-5
-    mlp: str = "swiglu"  # gelu | swiglu
+    mlp: str = "swiglu"  # gelu | swiglu | relu2 (two matrices, ReLU squared: Primer, modded-nanogpt)
     bias: bool = False  # biases in every linear layer and LayerNorm
     tie_embeddings: bool = True
     dropout: float = 0.0
@@ -222,7 +222,7 @@ class ModelConfig:
     def ffn_dim(self) -> int:
         if self.d_ff is not None:
             return self.d_ff
-        if self.mlp == "gelu":
+        if self.mlp != "swiglu":  # two matrices: GPT-2's 4x width
             return 4 * self.d_model
         hidden = int(2 * 4 * self.d_model / 3)
         return self.ffn_multiple_of * math.ceil(hidden / self.ffn_multiple_of)

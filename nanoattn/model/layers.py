@@ -19,16 +19,30 @@ def make_norm(cfg) -> nn.Module:
     return nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps, bias=cfg.bias)
 
 
-class GeluMLP(nn.Module):
-    """GPT-2's MLP: Linear, GELU (tanh approximation, as GPT-2's "gelu_new"), Linear."""
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    """GPT-2's GELU, the tanh approximation (its "gelu_new")."""
+    return F.gelu(x, approximate="tanh")
+
+
+def relu_squared(x: torch.Tensor) -> torch.Tensor:
+    """ReLU² (So et al. 2021, Primer), the modded-nanogpt speedrun's MLP activation."""
+    return F.relu(x).square()
+
+
+ACTIVATIONS = {"gelu": gelu_tanh, "relu2": relu_squared}  # of the two-matrix MLP, by cfg.mlp
+
+
+class TwoLayerMLP(nn.Module):
+    """GPT-2's MLP shape: Linear, activation (``cfg.mlp``: gelu or relu2), Linear."""
 
     def __init__(self, cfg) -> None:
         super().__init__()
         self.up = nn.Linear(cfg.d_model, cfg.ffn_dim, bias=cfg.bias)
         self.down = nn.Linear(cfg.ffn_dim, cfg.d_model, bias=cfg.bias)
+        self.activation = ACTIVATIONS[cfg.mlp]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(F.gelu(self.up(x), approximate="tanh"))
+        return self.down(self.activation(self.up(x)))
 
 
 class SwiGLUMLP(nn.Module):
@@ -45,4 +59,4 @@ class SwiGLUMLP(nn.Module):
 
 
 def make_mlp(cfg) -> nn.Module:
-    return SwiGLUMLP(cfg) if cfg.mlp == "swiglu" else GeluMLP(cfg)
+    return SwiGLUMLP(cfg) if cfg.mlp == "swiglu" else TwoLayerMLP(cfg)

@@ -17,6 +17,10 @@ Design choices:
 - Evaluation uses fixed validation windows (``TokenData.val_batches``), the same in every run and
   at every step; like a training batch, each of the ``eval_steps`` batches has
   batch_size x world_size rows split over the ranks, so val_loss is comparable across runs.
+- A task run (``task.name``) trains on ``TaskData``: the same ``train_batch``/``val_batches``
+  contract, one instance a row with answer-only targets, drawn from seeds of the step, so
+  resume stays exact; the row width is the task's largest training instance unless
+  ``train.seq_len`` says more. Its ``val_loss`` is the answer tokens' loss.
 - bf16 autocast (fp32 master weights and optimizer state) where the hardware has fast bf16:
   CUDA GPUs that support it, and CPUs with native bf16 matmul instructions, AMX (``amx_bf16``)
   or AVX512-BF16 (``avx512_bf16``), read from /proc/cpuinfo. Without them bf16 is emulated and

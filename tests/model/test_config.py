@@ -97,3 +97,12 @@ def test_defaults():
     cfg = ModelConfig()
     assert cfg.n_kv_head == cfg.n_head
     assert ModelConfig(mlp="gelu", d_model=64).ffn_dim == 256
+
+
+def test_the_relu2_mlp_is_two_matrices_of_4x_width_with_relu_squared_between():
+    cfg = ModelConfig(vocab_size=16, d_model=8, n_layer=1, n_head=2, mlp="relu2")
+    mlp = GPT(cfg).blocks[0].mlp
+    assert cfg.ffn_dim == 32 and mlp.up.weight.shape == (32, 8) and mlp.down.weight.shape == (8, 32)
+    x = torch.randn(3, 8)
+    expected = torch.clamp(x @ mlp.up.weight.T, min=0) ** 2 @ mlp.down.weight.T
+    torch.testing.assert_close(mlp(x), expected)
