@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
@@ -24,6 +25,7 @@ from omegaconf import OmegaConf
 
 import nanoattn.bench.e2e
 import nanoattn.bench.train
+from nanoattn import GPT
 from nanoattn.bench import (
     EVAL_POSITIONS,
     SECTIONS,
@@ -33,6 +35,7 @@ from nanoattn.bench import (
     run_bench,
     run_sections,
 )
+from nanoattn.bench.bare import BareGPT
 from nanoattn.bench.speedrun import recipe, time_to, training_curve, value_at
 from nanoattn.bench.variants import BENCH_ATTENTION
 from nanoattn.config import ModelConfig, RunConfig, preset
@@ -72,9 +75,11 @@ def test_every_section_runs_and_compares_like_with_like(tmp_path):
 
     train = rows["train"]
     assert [(r["impl"], r["dtype"]) for r in train] == [(impl, dtype) for dtype in ("float32", "bfloat16")
-                                                         for impl in ("nanoattn", "transformers")]
-    # The exported twin has our weights, so both compute the same loss before any step.
+                                                         for impl in ("nanoattn", "transformers", "bare")]
+    # The exported twin and the bare reference have our weights, so all compute the same loss.
     assert train[0]["initial_loss"] == pytest.approx(train[1]["initial_loss"], rel=1e-5)
+    assert train[0]["initial_loss"] == pytest.approx(train[2]["initial_loss"], rel=1e-5)
+    assert all(r["vs_bare"] == 1.0 for r in train if r["impl"] == "bare")
     assert all(r["vs_transformers"] == 1.0 for r in train if r["impl"] == "transformers")
     assert "vs_transformers" in format_table(train).splitlines()[0]
 
@@ -234,3 +239,14 @@ def test_speedrun_recipes_are_the_default_run_with_overrides():
         recipe(["train.bogus=1"])
     with pytest.raises(ValueError, match=r"bench.speedrun_candidate=\['muon'\] is invalid: must be a list"):
         BenchConfig(speedrun_candidate=["muon"])
+
+
+def test_the_bare_reference_computes_gpts_loss_from_its_weights_and_refuses_other_blocks():
+    cfg = ModelConfig(vocab_size=64, d_model=32, n_layer=2, n_head=4, n_kv_head=2, max_seq_len=16)
+    ours = GPT(cfg)
+    bare = BareGPT(cfg)
+    bare.load_state_dict(ours.state_dict())
+    x, y = torch.randint(0, 64, (2, 16)), torch.randint(0, 64, (2, 16))
+    torch.testing.assert_close(bare(x, y), ours.loss(x, y))
+    with pytest.raises(ValueError, match=r"model.pos='alibi' is outside the bare reference"):
+        BareGPT(ModelConfig(vocab_size=64, d_model=32, n_layer=1, n_head=4, pos="alibi"))

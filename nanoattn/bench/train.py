@@ -1,9 +1,11 @@
-"""``train``: training-step tokens/s, nanoattn vs transformers; ``mfu``: those rates over the peak.
+"""``train``: training-step tokens/s, nanoattn vs transformers and a bare reference; ``mfu``: over the peak.
 
 - The same work: the transformers model has nanoattn's weights (``twin.py``). Its loss gets
   ``shift_labels`` = our targets, so both predict B x T tokens from the same B x T inputs
   (``labels`` alone shifts them and predicts T - 1 per row). Their losses on the initial weights
-  (``initial_loss``) show that they compute the same function.
+  (``initial_loss``) show that they compute the same function. The bare reference (``bare.py``:
+  the same block as plainly as PyTorch allows, GPT's weights loaded) is the floor nanoattn's
+  machinery is measured against (``vs_bare``); the machine's is ``mfu``.
 - The same step: both go through ``nanoattn.train.step.optimizer_step``, the update the training
   loop runs (forward under autocast, backward, global-norm clipping, AdamW), with the optimizer of
   ``nanoattn.train.optim.make_optimizer`` at ``TrainConfig``'s defaults. nanoattn's loss module is
@@ -23,6 +25,7 @@ from collections.abc import Callable, Mapping
 import torch
 from torch import nn
 
+from nanoattn.bench.bare import BareGPT
 from nanoattn.bench.core import TRAIN_DTYPES, BenchConfig, Row, alternate, random_tokens, section, shape_text
 from nanoattn.bench.twin import transformers_twin
 from nanoattn.config import TrainConfig
@@ -66,11 +69,14 @@ def train_rows(cfg: BenchConfig) -> list[Row]:
     with device:
         ours = GPT(cfg.model).train()
     theirs = transformers_twin(ours, device).train()
+    bare = BareGPT(cfg.model).to(device).train()
+    bare.load_state_dict(ours.state_dict())
     B, T = cfg.batch_size, cfg.seq_len
     x = random_tokens(cfg.model.vocab_size, (B, T), device, seed=1)  # [B, T]
     y = random_tokens(cfg.model.vocab_size, (B, T), device, seed=2)  # [B, T]
     with torch.no_grad():  # the same weights, so the same loss: they compute the same function
-        initial = {"nanoattn": ours.loss(x, y).item(), "transformers": TwinLoss(theirs)(x, y).item()}
+        initial = {"nanoattn": ours.loss(x, y).item(), "transformers": TwinLoss(theirs)(x, y).item(),
+                   "bare": bare(x, y).item()}
     steppers = {}
     for compiled in (False, True) if cfg.compile else (False,):
         steppers["nanoattn", compiled] = _stepper(
@@ -78,17 +84,19 @@ def train_rows(cfg: BenchConfig) -> list[Row]:
         twin_loss = TwinLoss(theirs)
         steppers["transformers", compiled] = _stepper(
             torch.compile(twin_loss) if compiled else twin_loss, theirs, (x, y), device)
+        steppers["bare", compiled] = _stepper(torch.compile(bare) if compiled else bare, bare, (x, y), device)
     flops = ours.flops_per_token(T)
     rows = []
     for dtype in TRAIN_DTYPES:
         timed = {key: (lambda step=step, dtype=dtype: step(dtype)) for key, step in steppers.items()}
         seconds = alternate(timed, cfg.reps, device, warmup=2 if cfg.compile else 1)
-        baseline = B * T / seconds["transformers", False]
+        baseline, bare_rate = (B * T / seconds[impl, False] for impl in ("transformers", "bare"))
         for (impl, compiled), s in seconds.items():
             rate = B * T / s
             rows.append(dict(impl=impl + (" + compile" if compiled else ""), dtype=dtype,
                              shape=shape_text(cfg.model, B, T), initial_loss=initial[impl], step_ms=1000 * s,
-                             tok_per_s=rate, vs_transformers=rate / baseline, flops_per_token=flops))
+                             tok_per_s=rate, vs_transformers=rate / baseline, vs_bare=rate / bare_rate,
+                             flops_per_token=flops))
     return rows
 
 
