@@ -13,6 +13,8 @@
 - ``encodings`` and ``attention``: the training tokens/s of every positional encoding and every
   attention variant side by side, as a ratio to RoPE's and to the plain block's: each one's
   price (``variants.py``).
+- ``profile``: one training step of the default run under torch.profiler, its time by kind of
+  work: matmuls, attention, softmax and loss, norms, optimizer, casts... (``profile.py``).
 - ``speedrun``: the default recipe and a candidate trained back to back, the time each needs to a
   target val_bpb and the val_bpb each reaches in the reference's time (``speedrun.py``).
 
@@ -24,7 +26,7 @@ do not. Tokens per second is wall time. The transformers side is nanoattn's own 
 exported and loaded back (``twin.py``), so both compute the same function.
 """
 
-from nanoattn.bench import decode, e2e, evaluation, speedrun, train, variants  # noqa: F401  (registers them)
+from nanoattn.bench import decode, e2e, evaluation, profile, speedrun, train, variants  # noqa: F401 (registers)
 from nanoattn.bench.core import SECTIONS, BenchConfig, run_sections
 from nanoattn.bench.e2e import read_run_rate
 from nanoattn.bench.evaluation import EVAL_POSITIONS

@@ -25,7 +25,7 @@ from nanoattn.config import RunConfig
 from nanoattn.logging import read_metrics
 from nanoattn.model import GPT
 from nanoattn.runtime import autocast, autocast_dtype, synchronize
-from nanoattn.train.optim import make_optimizer
+from nanoattn.train.optim import optimizer_for
 from nanoattn.train.step import optimizer_step, wrap_for_training
 
 
@@ -57,8 +57,7 @@ def step_rate(cfg: RunConfig, device: torch.device, reps: int, seconds: float) -
     with device:
         model = GPT(cfg.model)
     model.train()
-    optimizer = make_optimizer(model, lr=t.lr, weight_decay=t.weight_decay, betas=(t.beta1, t.beta2),
-                               decay_embeddings=t.decay_embeddings, device=device)
+    optimizer = optimizer_for(model, t, device)
     net = wrap_for_training(model, ddp=False, compile=t.compile, device=device)
     shape = (t.batch_size, cfg.seq_len)
     batches = [(random_tokens(cfg.model.vocab_size, shape, device, seed=2 * m),  # [B, T]

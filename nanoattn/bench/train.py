@@ -8,7 +8,7 @@
   machinery is measured against (``vs_bare``); the machine's is ``mfu``.
 - The same step: both go through ``nanoattn.train.step.optimizer_step``, the update the training
   loop runs (forward under autocast, backward, global-norm clipping, AdamW), with the optimizer of
-  ``nanoattn.train.optim.make_optimizer`` at ``TrainConfig``'s defaults. nanoattn's loss module is
+  ``nanoattn.train.optim.optimizer_for`` at ``TrainConfig``'s defaults. nanoattn's loss module is
   ``wrap_for_training``'s, as in training; transformers' is ``TwinLoss``; each is compiled the
   same way with ``compile=true``.
 - Tokens per second counts input tokens per optimizer step, wall time.
@@ -31,7 +31,7 @@ from nanoattn.bench.twin import transformers_twin
 from nanoattn.config import TrainConfig
 from nanoattn.model import GPT
 from nanoattn.runtime import autocast, autocast_dtype, synchronize
-from nanoattn.train.optim import make_optimizer
+from nanoattn.train.optim import optimizer_for
 from nanoattn.train.step import optimizer_step, wrap_for_training
 
 PEAK_MATMUL = 2048  # n of the n x n x n matmul whose rate is the peak (quick: half, 8x less work)
@@ -52,8 +52,7 @@ def _stepper(net: nn.Module, model: nn.Module, batch: tuple[torch.Tensor, torch.
              device: torch.device) -> Callable[[str], None]:
     """One optimizer update of ``model`` through ``net`` on ``batch``, under a dtype given per call."""
     t = TrainConfig()
-    optimizer = make_optimizer(model, lr=t.lr, weight_decay=t.weight_decay, betas=(t.beta1, t.beta2),
-                               decay_embeddings=t.decay_embeddings, device=device)
+    optimizer = optimizer_for(model, t, device)
 
     def step(dtype: str) -> None:
         amp, _ = autocast_dtype(dtype, device)

@@ -28,7 +28,7 @@ from nanoattn.config import TrainConfig
 from nanoattn.model import GPT
 from nanoattn.positional import REGISTRY
 from nanoattn.runtime import autocast, autocast_dtype
-from nanoattn.train.optim import make_optimizer
+from nanoattn.train.optim import optimizer_for
 from nanoattn.train.step import optimizer_step, wrap_for_training
 
 # Registered encodings and a per-layer RoPE/NoPE layout, each a ``pos`` value.
@@ -66,8 +66,7 @@ def _step_seconds(cfg: BenchConfig,
         torch.manual_seed(0)
         with device:
             model = GPT(dataclasses.replace(cfg.model, max_seq_len=T, rope_scaling=None, **overrides)).train()
-        optimizer = make_optimizer(model, lr=t.lr, weight_decay=t.weight_decay, betas=(t.beta1, t.beta2),
-                                   decay_embeddings=t.decay_embeddings, device=device)
+        optimizer = optimizer_for(model, t, device)
         net = wrap_for_training(model, ddp=False, compile=False, device=device)
         steps[label] = (lambda net=net, model=model, optimizer=optimizer: optimizer_step(
             net, model, optimizer, [batch], grad_clip=t.grad_clip, autocast=lambda: autocast(device, amp)))

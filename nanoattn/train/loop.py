@@ -61,7 +61,7 @@ from nanoattn.logging import make_logger, note, truncate_metrics
 from nanoattn.model import GPT
 from nanoattn.runtime import autocast, autocast_dtype, exclusive_lock, pick_device, write_atomic
 from nanoattn.train import distributed
-from nanoattn.train.optim import lr_at, make_optimizer
+from nanoattn.train.optim import lr_at, optimizer_for
 from nanoattn.train.run_dir import (
     RUN_TOKENIZER,
     check_same_run,
@@ -194,10 +194,7 @@ class _Run:
         with torch.device(self.device):
             model = GPT(cfg.model)
         model.train()
-        optimizer = make_optimizer(model, lr=t.lr, weight_decay=t.weight_decay, betas=(t.beta1, t.beta2),
-                                   decay_embeddings=t.decay_embeddings, device=self.device,
-                                   optimizer=t.optimizer, muon_lr_scale=t.muon_lr_scale,
-                                   muon_weight_decay=t.muon_weight_decay, muon_momentum=t.muon_momentum)
+        optimizer = optimizer_for(model, t, self.device)
         start = 0
         if state is not None:
             load_weights(ckpt, model)

@@ -28,6 +28,8 @@ import math
 import torch
 from torch import nn
 
+from nanoattn.config import TrainConfig
+
 
 def param_groups(model: nn.Module, weight_decay: float, *, decay_embeddings: bool = False) -> list[dict]:
     """Two AdamW groups: {"params": decayed, "weight_decay": weight_decay} and {..., 0.0}.
@@ -79,6 +81,15 @@ class OptimizerPair:
                              f"needs its muon and adamw states (was the run trained with another optimizer?)")
         self.optimizers[0].load_state_dict(state["muon"])
         self.optimizers[1].load_state_dict(state["adamw"])
+
+
+def optimizer_for(model: nn.Module, t: TrainConfig,
+                  device: torch.device) -> torch.optim.AdamW | OptimizerPair:
+    """``make_optimizer`` with every setting of a run's ``TrainConfig``, as training and the bench use it."""
+    return make_optimizer(model, lr=t.lr, weight_decay=t.weight_decay, betas=(t.beta1, t.beta2),
+                          decay_embeddings=t.decay_embeddings, device=device, optimizer=t.optimizer,
+                          muon_lr_scale=t.muon_lr_scale, muon_weight_decay=t.muon_weight_decay,
+                          muon_momentum=t.muon_momentum)
 
 
 def make_optimizer(model: nn.Module, *, lr: float, weight_decay: float, betas: tuple[float, float],
