@@ -251,3 +251,26 @@ def test_the_bare_reference_computes_gpts_loss_from_its_weights_and_refuses_othe
     torch.testing.assert_close(bare(x, y), ours.loss(x, y))
     with pytest.raises(ValueError, match=r"model.pos='alibi' is outside the bare reference"):
         BareGPT(ModelConfig(vocab_size=64, d_model=32, n_layer=1, n_head=4, pos="alibi"))
+
+
+def test_the_sweep_table_has_steps_to_target_per_seed_and_a_mean_per_recipe(tmp_path):
+    def run(recipe, seed, bpbs):
+        folder = tmp_path / recipe / seed
+        folder.mkdir(parents=True)
+        records = [{"step": 100 * (i + 1), "tokens": 1000 * (i + 1), "tok_per_s": 100.0, "val_bpb": b}
+                   for i, b in enumerate(bpbs)]
+        (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+
+    run("fast", "seed0", [3.0, 2.0, 1.5])
+    run("fast", "seed1", [3.0, 2.2, 1.6])
+    run("slow", "seed0", [3.0, 2.8, 2.6])
+    cfg = BenchConfig(only=["sweep"], sweep=str(tmp_path), speedrun_target=2.0)
+    rows = run_sections(["sweep"], cfg)["sweep"]
+    by = {(r["recipe"], r["seed"]): r for r in rows}
+    assert by["fast", "seed0"]["steps_to_target"] == 200 and by["fast", "seed0"]["time_to_target_s"] == 20.0
+    assert by["fast", "seed1"]["steps_to_target"] == pytest.approx(700 / 3)  # 2.2 at 200, 1.6 at 300
+    assert by["slow", "seed0"]["steps_to_target"] is None
+    assert by["fast", "mean of 2"]["steps_to_target"] == pytest.approx((200 + 700 / 3) / 2)
+    assert by["fast", "mean of 2"]["val_bpb"] == pytest.approx(1.55)
+    assert by["slow", "mean of 1"]["steps_to_target"] is None
+    assert "skipped" in run_sections(["sweep"], BenchConfig(only=["sweep"]))["sweep"][0]["note"]

@@ -16,7 +16,9 @@
 - ``profile``: one training step of the default run under torch.profiler, its time by kind of
   work: matmuls, attention, softmax and loss, norms, optimizer, casts... (``profile.py``).
 - ``speedrun``: the default recipe and a candidate trained back to back, the time each needs to a
-  target val_bpb and the val_bpb each reaches in the reference's time (``speedrun.py``).
+  target val_bpb and the val_bpb each reaches in the reference's time (``speedrun.py``);
+  ``sweep``: the recipe table of a finished recipe sweep, steps to the target per run and seed
+  (``sweep.py``).
 
 Design choices shared by all (``core.py``): implementations compared with each other run in one
 process, one repetition of each in turn, each reporting the median of its repetitions after
@@ -26,7 +28,16 @@ do not. Tokens per second is wall time. The transformers side is nanoattn's own 
 exported and loaded back (``twin.py``), so both compute the same function.
 """
 
-from nanoattn.bench import decode, e2e, evaluation, profile, speedrun, train, variants  # noqa: F401 (registers)
+from nanoattn.bench import (  # noqa: F401 (importing a section module registers its sections)
+    decode,
+    e2e,
+    evaluation,
+    profile,
+    speedrun,
+    sweep,
+    train,
+    variants,
+)
 from nanoattn.bench.core import SECTIONS, BenchConfig, run_sections
 from nanoattn.bench.e2e import read_run_rate
 from nanoattn.bench.evaluation import EVAL_POSITIONS

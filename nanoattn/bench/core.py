@@ -60,6 +60,7 @@ class BenchConfig:
     speedrun_candidate: list[str] = dataclasses.field(default_factory=lambda: ["train.optimizer=muon"])
     speedrun_target: float = 2.044  # val_bpb: the round-1 default's final value on the held-out plays
     speedrun_eval_interval: int = 100  # steps between the evaluations the curves are read from
+    sweep: str | None = None  # sweep: a finished recipe sweep's folder of <recipe>/<seed> runs
 
     def __post_init__(self) -> None:
         own = "bench"
@@ -71,7 +72,7 @@ class BenchConfig:
             check_choice(own, "only", name, tuple(SECTIONS))
         for name in ("quick", "compile"):
             check_bool(own, name, getattr(self, name))
-        for name in ("out", "ckpt", "run"):
+        for name in ("out", "ckpt", "run", "sweep"):
             if getattr(self, name) is not None:
                 check_text(own, name, getattr(self, name))
         check_positive_int(own, "batch_size", self.batch_size)
