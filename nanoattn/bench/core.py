@@ -40,7 +40,7 @@ class BenchConfig:
     # The sections to run, in this order (mfu reuses train's rows when train ran first); speedrun
     # (two whole trainings) runs only when named.
     only: list[str] = dataclasses.field(default_factory=lambda: [
-        "train", "mfu", "profile", "decode", "eval", "e2e", "encodings", "attention"])
+        "train", "mfu", "profile", "decode", "eval", "e2e", "encodings", "attention", "sweep"])
     quick: bool = False  # fewer repetitions, shorter sequences (about 2 minutes in all)
     out: str | None = None  # write the rows and the settings they were measured under as JSON here
     model: ModelConfig | str = "llama-small"  # a preset (max_seq_len becomes seq_len) or a ModelConfig

@@ -30,7 +30,7 @@ def _compose(overrides: list[str]):
 
 
 def test_every_preset_is_there():
-    assert PRESETS == ["hf", "shakespeare", "shakespeare_char", "text"]
+    assert PRESETS == ["hf", "shakespeare", "shakespeare_byte", "shakespeare_char", "text"]
 
 
 @pytest.mark.parametrize("name", PRESETS)
@@ -46,6 +46,9 @@ def test_default_and_char_presets_match_the_documented_configs():
     char = DataConfig.from_dict(OmegaConf.to_container(_compose(["data=shakespeare_char"]).data))
     assert char == DataConfig(name="shakespeare_char", corpus="shakespeare",
                               tokenizer=TokenizerConfig(type="char"))
+    byte = DataConfig.from_dict(OmegaConf.to_container(_compose(["data=shakespeare_byte"]).data))
+    assert byte == DataConfig(name="shakespeare_byte", corpus="shakespeare",
+                              tokenizer=TokenizerConfig(type="byte"))
 
 
 def test_the_script_reports_bad_input_in_one_line(tmp_path):

@@ -378,7 +378,7 @@ def test_the_extrapolation_lab_evaluates_every_run_and_rewrites_only_its_table(p
     for pos in LAB_ENCODINGS[:-1]:
         save_run(runs / pos, pos, prepared)
     cfg = LabConfig(runs_root=str(runs), out_dir=str(docs), max_tokens=512)
-    with pytest.raises(ValueError, match="no run directory for nope under .*experiment=extrapolation pos="):
+    with pytest.raises(ValueError, match="no run directory for nope under .*; run the lab with train=true"):
         extrapolation_lab(cfg)
     save_run(runs / "nope", "nope", prepared)
     docs.mkdir()
@@ -409,7 +409,7 @@ def test_the_attention_lab_evaluates_every_variant_with_its_kv_cache_price(prepa
     save_run(runs / "plain", "rope", prepared)
     save_run(runs / "window", "rope", prepared, sliding_window=8)
     cfg = AttentionLabConfig(runs_root=str(runs), out_dir=str(docs), max_tokens=512)
-    with pytest.raises(ValueError, match="no run directory for mla under .*experiment=attention attention="):
+    with pytest.raises(ValueError, match="no run directory for mla under .*; run the lab with train=true"):
         attention_lab(cfg)
     save_run(runs / "mla", "rope", prepared, mla_kv_rank=8, mla_rope_dim=4, n_kv_head=4)
     docs.mkdir()
