@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
@@ -96,6 +97,14 @@ def test_each_experiment_composes(experiment):
     values = _values([f"experiment={experiment}", "pos=rope"])
     values["train"]["init_from"] = None  # a fine-tune recipe's checkpoint need not exist here
     RunConfig.from_dict(values)
+
+
+@pytest.mark.parametrize("recipe", _names("recipe"))
+def test_each_recipe_of_the_search_composes_over_the_default_run(recipe):
+    stated = yaml.safe_load((CONFIGS / "recipe" / f"{recipe}.yaml").read_text())
+    cfg = _run_config([f"recipe={recipe}"])
+    for section, values in stated.items():
+        assert {k: getattr(getattr(cfg, section), k) for k in values} == values
 
 
 @pytest.mark.parametrize("task", _names("task"))
