@@ -1,4 +1,4 @@
-"""``scripts/extrapolation_lab.py`` and ``scripts/attention_lab.py``: the labs, one driver.
+"""The labs, one driver: ``scripts/extrapolation_lab.py``, ``attention_lab.py`` and ``task_lab.py``.
 
 Design choices:
 
@@ -14,6 +14,10 @@ Design choices:
 - The attention lab trains the same tiny model with RoPE once per attention variant
   (``configs/attention/<name>.yaml``, a Hydra group like ``pos``) and evaluates each in chunks
   at 1-16x; its table adds each run's KV cache per token (``KVCache.bytes_per_token``).
+- The task lab trains ``runs/tasks/<task>/<encoding>`` for every pair of ``tasks`` and
+  ``encodings`` (``experiment=tasks``), scores each with ``eval_task`` at the size bins and writes
+  the figure, the table (docs/tasks.md) and a summary of every bin with its seed (docs/tasks.json).
+  ``train_runs`` takes each job's own overrides, so one driver trains every lab's grid.
 - Defaults are the evaluation commands' own (``LengthEvalConfig``, ``PasskeyEvalConfig``), read
   from their dataclasses rather than stated again.
 """
