@@ -39,17 +39,6 @@ class Instance:
     size: int
     segments: tuple[Segment, ...]
 
-    @property
-    def answer(self) -> str:
-        """The scored text, concatenated."""
-        return "".join(s.piece for s in self.segments if s.scored)
-
-    @property
-    def text(self) -> str:
-        """The whole instance as text, filler shown as ``[N filler tokens]`` (for reading, not tokens)."""
-        return "".join(s.piece if isinstance(s.piece, str) else f"[{len(s.piece)} filler tokens]"
-                       for s in self.segments)
-
 
 class Task(abc.ABC):
     """A task of the suite: ``instance(rng, size, filler)`` draws one problem of that size."""
