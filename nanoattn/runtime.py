@@ -8,6 +8,9 @@
   (``avx512_bf16``) read from /proc/cpuinfo. Elsewhere bf16 is emulated and slower than float32.
 - Atomic writes: a file is written beside its target under a dot-name and renamed over it, so a
   reader (or a kill at any instant) sees the old content or the new, never a torn file.
+- Memory: ``keep_freed_memory`` stops glibc's malloc from handing freed blocks below 32 MiB
+  back to the OS, so a training step's activations reuse the last step's pages instead of
+  faulting fresh ones in (what CUDA's caching allocator does on a GPU). Every script calls it.
 - Locks: ``exclusive_lock`` holds an advisory ``flock`` on a lock file for as long as a block
   runs. The OS releases it when the process dies, however it dies, so a SIGKILLed run never
   leaves a stale lock; the file holds the holder's PID only to name it in the refusal.
@@ -16,8 +19,10 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import fcntl
 import os
+import platform
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,6 +32,9 @@ from nanoattn.validation import fail
 
 DEVICES = ("auto", "cpu", "cuda", "mps")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+# mallopt's parameters (glibc's malloc.h) and the largest mmap threshold it takes on 64-bit.
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+MMAP_THRESHOLD_MAX = 32 * 2**20
 
 
 def check_device_name(owner: str, name: str, value: object) -> None:
@@ -82,6 +90,20 @@ def autocast(device: torch.device, dtype: torch.dtype | None):
     if dtype is None or dtype == torch.float32:
         return torch.autocast(device.type, enabled=False)
     return torch.autocast(device.type, dtype=dtype)
+
+
+def keep_freed_memory() -> bool:
+    """Keep freed heap memory in the process for reuse; False where the C library is not glibc.
+
+    By default glibc maps a large block on malloc and unmaps it on free, so every training step
+    page-faults its activation tensors in again, each page zeroed by the kernel. Measured on the
+    default run's step (one thread, AMD EPYC): 385k page faults and 153 ms a step by default,
+    87k and 131 ms with both thresholds raised. Blocks of 32 MiB and more are still mapped.
+    """
+    if platform.libc_ver()[0] != "glibc":
+        return False
+    libc = ctypes.CDLL("libc.so.6")
+    return bool(libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_MAX) and libc.mallopt(M_TRIM_THRESHOLD, 2**30))
 
 
 def memory_bytes(device: torch.device) -> int:

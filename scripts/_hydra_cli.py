@@ -12,7 +12,8 @@
   library. ``guarded`` is the one error handler: a user's mistake (a bad value, a missing file,
   a Hydra composition error, Ctrl-C) ends in one ``error: ...`` line and a non-zero exit.
   Required keys are null in the schema and refused by the dataclass (``???`` would not help:
-  OmegaConf's merge keeps the schema's value under it).
+  OmegaConf's merge keeps the schema's value under it). It also sets the process's malloc
+  policy first (``nanoattn.runtime.keep_freed_memory``: 1.15x a CPU training step).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from omegaconf.errors import (
 )
 
 from nanoattn.config import PRESETS
+from nanoattn.runtime import keep_freed_memory
 from nanoattn.validation import from_dict
 
 # Absolute: hydra.main resolves a relative path against the module that calls it, which is this one.
@@ -136,6 +138,7 @@ def one_line_errors(errors: tuple[type[BaseException], ...] = ()) -> Iterator[No
 
 def guarded(main: Callable[[], Any], errors: tuple[type[BaseException], ...] = ()) -> None:
     """Call ``main`` (a ``@hydra.main`` function) with every user error one line."""
+    keep_freed_memory()
     os.environ["HYDRA_FULL_ERROR"] = "1"  # let Hydra's exceptions reach us instead of printing them
     sys.argv[1:] = ["+" + arg if arg.startswith(OPEN_MAPPINGS) else arg for arg in sys.argv[1:]]
     with one_line_errors(errors):
