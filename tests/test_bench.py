@@ -36,7 +36,7 @@ from nanoattn.bench import (
     run_sections,
 )
 from nanoattn.bench.bare import BareGPT
-from nanoattn.bench.speedrun import recipe, time_to, training_curve, value_at
+from nanoattn.bench.speedrun import recipe, scores, time_to, training_curve, value_at
 from nanoattn.bench.variants import BENCH_ATTENTION
 from nanoattn.config import ModelConfig, RunConfig, preset
 from nanoattn.positional import REGISTRY
@@ -229,6 +229,19 @@ def test_speedrun_reads_time_to_target_and_the_fixed_budget_from_the_evaluations
     assert time_to(curve, 1.9) is None
     assert value_at(curve, 25.0) == pytest.approx(2.5) and value_at(curve, 40.0) == 2.0
     assert value_at(curve, 41.0) is None
+
+
+def test_speedrun_scores_each_run_against_the_reference_curve():
+    curves = {"reference": [(50.0, 2.2), (100.0, 2.0)],              # reaches 2.1 at 75 s, ends at 100 s
+              "candidate": [(20.0, 2.2), (40.0, 2.0), (120.0, 1.9)],  # reaches 2.1 at 30 s
+              "slow": [(100.0, 2.3)]}                                 # never reaches it
+    got = scores(curves, 2.1)
+    assert got["candidate"] == {"time_to_target_s": 30.0, "speedup": pytest.approx(2.5),
+                                "share_of_reference_time": pytest.approx(0.3),
+                                "bpb_at_reference_budget": pytest.approx(1.925)}
+    assert got["reference"]["speedup"] == 1.0 and got["reference"]["share_of_reference_time"] == 0.75
+    assert got["slow"] == {"time_to_target_s": None, "speedup": None, "share_of_reference_time": None,
+                           "bpb_at_reference_budget": 2.3}
 
 
 def test_speedrun_recipes_are_the_default_run_with_overrides():
