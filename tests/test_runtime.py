@@ -1,6 +1,7 @@
 """Runtime policy: device choice, the autocast dtype from the CPU's flags, atomic writes."""
 
 import os
+import platform
 import signal
 import subprocess
 import sys
@@ -122,7 +123,7 @@ print(applied, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 """
 
 
-@pytest.mark.skipif(sys.platform != "linux", reason="glibc's malloc: Linux only")
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt is glibc's")
 def test_kept_memory_is_reused_without_page_faults():
     def faults(mode: str) -> tuple[str, int]:
         out = subprocess.run([sys.executable, "-c", FAULTS_OF_REUSED_BLOCKS, mode], capture_output=True,
