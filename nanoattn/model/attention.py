@@ -62,12 +62,15 @@ class QKNorm(nn.Module):
 
     def forward(self, qk: torch.Tensor) -> torch.Tensor:
         """qk [B, H + Hkv, T, D] -> the same shape, each head normalised."""
-        q, k = qk.split(self.split, dim=1)
+        # In the weights' dtype: torch's fused RMSNorm refuses bf16 heads with float32 weights (a
+        # warning, then a composite path whose output, rounded back to bf16, is the same).
+        q, k = qk.to(self.q.weight.dtype).split(self.split, dim=1)
         return torch.cat([self.q(q), self.k(k)], dim=1).to(qk.dtype)
 
     def side(self, x: torch.Tensor, side: str) -> torch.Tensor:
         """Queries (side 'q') or keys ('k') alone, [B, heads, T, D]."""
-        return getattr(self, side)(x).to(x.dtype)
+        norm = getattr(self, side)
+        return norm(x.to(norm.weight.dtype)).to(x.dtype)
 
 
 class CausalAttention(nn.Module, abc.ABC):

@@ -8,6 +8,7 @@ exports in test_hf_families.py.
 """
 
 import math
+import warnings
 
 import pytest
 import torch
@@ -51,6 +52,22 @@ def test_qk_norm_divides_each_head_by_its_rms_and_applies_one_gain_per_side():
     rms = qk.pow(2).mean(-1, keepdim=True).add(1e-6).sqrt()
     gains = torch.cat([norm.q.weight.expand(4, 1, 8), norm.k.weight.expand(2, 1, 8)])  # [6, 1, 8]
     torch.testing.assert_close(out, qk / rms * gains)
+
+
+def test_qk_norm_of_bf16_heads_takes_the_fused_kernel_and_rounds_like_the_composite():
+    cfg = ModelConfig(d_model=32, n_head=4, n_kv_head=2)
+    norm = QKNorm(cfg)
+    with torch.no_grad():
+        norm.q.weight.copy_(torch.linspace(0.5, 2.0, 8))
+    qk = torch.randn(2, 6, 5, 8).bfloat16()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # torch warns when it cannot dispatch to the fused kernel
+        out = norm(qk)
+    assert out.dtype == torch.bfloat16
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        composite = torch.cat([norm.q(qk[:, :4]), norm.k(qk[:, 4:])], dim=1)  # bf16 heads, float32 gains
+    assert torch.equal(out, composite.bfloat16())
 
 
 def test_qk_norm_before_and_after_rope_agree_only_while_the_gains_are_uniform():
