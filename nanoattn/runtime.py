@@ -98,9 +98,9 @@ def keep_freed_memory() -> bool:
 
     By default glibc maps large blocks on malloc and unmaps them on free, and trims freed memory
     at the heap's top back to the OS, so every training step page-faults its activation tensors
-    in again, each page zeroed by the kernel. Measured on the
-    default run's step (one thread, AMD EPYC): 385k page faults and 153 ms a step by default,
-    87k and 131 ms with both thresholds raised. Blocks of 32 MiB and more are still mapped.
+    in again, each page zeroed by the kernel. Measured on the default run's step (one thread,
+    AMD EPYC): 385k page faults and 153 ms a step by default, 87k and 131 ms with both thresholds
+    raised. Blocks of 32 MiB and more are still mapped.
     """
     if platform.libc_ver()[0] != "glibc":
         return False

@@ -135,3 +135,12 @@ def test_kept_memory_is_reused_without_page_faults():
     # By default glibc trims the freed 100 MiB off the heap, so each cycle faults its 25,600 pages in
     # again (255,680 in 10 cycles here); kept, the heap's pages are reused.
     assert default > 100_000 and kept < 1_000, (kept, default)
+
+
+def test_keep_freed_memory_leaves_another_c_library_alone(monkeypatch):
+    def no_library(name):
+        raise AssertionError(f"loaded {name} where the C library is not glibc")
+
+    monkeypatch.setattr(runtime.platform, "libc_ver", lambda: ("musl", "1.2"))
+    monkeypatch.setattr(runtime.ctypes, "CDLL", no_library)
+    assert runtime.keep_freed_memory() is False
