@@ -101,9 +101,20 @@ def test_each_experiment_composes(experiment):
 
 @pytest.mark.parametrize("recipe", _names("recipe"))
 def test_each_recipe_of_the_search_composes_over_the_default_run(recipe):
-    stated = yaml.safe_load((CONFIGS / "recipe" / f"{recipe}.yaml").read_text())
+    def stated(name: str) -> dict[str, dict]:
+        """A recipe's keys by section, those of the recipes it builds on (its defaults) first."""
+        text = yaml.safe_load((CONFIGS / "recipe" / f"{name}.yaml").read_text())
+        merged: dict[str, dict] = {}
+        for base in text.pop("defaults", []):
+            if base != "_self_":
+                for section, values in stated(base).items():
+                    merged.setdefault(section, {}).update(values)
+        for section, values in text.items():
+            merged.setdefault(section, {}).update(values)
+        return merged
+
     cfg = _run_config([f"recipe={recipe}"])
-    for section, values in stated.items():
+    for section, values in stated(recipe).items():
         assert {k: getattr(getattr(cfg, section), k) for k in values} == values
 
 
