@@ -5,8 +5,8 @@ training tokens/s, side by side.
   Llama 4's iRoPE and SmolLM3 use; 1:1 so it fits any depth >= 2), as a ratio to RoPE's.
 - ``attention``: the plain block and each attention variant (QK-norm before and after RoPE, score
   and logit soft-capping at Gemma 2's caps, learned sinks, a 64-token sliding window in every
-  layer, differential attention, multi-head latent attention), as a ratio
-  to the plain block's.
+  layer, differential attention, multi-head latent attention, value embeddings), as a ratio to the
+  plain block's.
 - Each model is the config's shape with random weights, trained through
   ``nanoattn.train.step.optimizer_step`` (the update the training loop runs), one repetition of
   each in turn (``alternate``), so load from other processes hits all alike and the ratios hold
@@ -45,6 +45,7 @@ BENCH_ATTENTION: dict[str, dict[str, Any]] = {
     "diff_attn": dict(diff_attn=True),
     # Latent attention over all heads (n_kv_head None = n_head), a rank of a third of d_model at 384.
     "mla rank 128": dict(mla_kv_rank=128, mla_rope_dim=32, n_kv_head=None),
+    "value_embeds 1": dict(value_embeds=1),  # one table, first and last layer: fits any depth >= 2
 }
 
 

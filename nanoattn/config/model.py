@@ -74,6 +74,7 @@ class ModelConfig:
     mla_rope_dim: int = 16  # decoupled RoPE: rotary dims per query head and of the shared key
     attn_softcap: float | None = None  # Gemma 2: scores q.k/sqrt(d) -> cap * tanh(scores / cap) (50.0)
     logit_softcap: float | None = None  # Gemma 2: output logits -> cap * tanh(logits / cap) (30.0)
+    value_embeds: int = 0  # modded-nanogpt: token tables mixed into the values of the first and last layers
     norm: str = "rmsnorm"  # layernorm | rmsnorm
     norm_eps: float = 1e-5
     mlp: str = "swiglu"  # gelu | swiglu | relu2 (two matrices, ReLU squared: Primer, modded-nanogpt)
@@ -101,6 +102,7 @@ class ModelConfig:
         self._check_diff_attn()
         self._check_mla()
         self._check_sliding_window()
+        self._check_value_embeds()
         for name in ("attn_softcap", "logit_softcap"):
             value = getattr(self, name)
             if value is None:
@@ -183,6 +185,23 @@ class ModelConfig:
         for name, value, want in fixed:
             if value != want:
                 fail("model", name, value, f"must be {want!r} {why}")
+
+    def _check_value_embeds(self) -> None:
+        if not (is_int(self.value_embeds) and 0 <= 2 * self.value_embeds <= self.n_layer):
+            fail("model", "value_embeds", self.value_embeds, f"must be an integer from 0 to n_layer / 2 = "
+                 f"{self.n_layer // 2}: table i feeds layer i and layer n_layer - value_embeds + i")
+        if self.value_embeds and self.mla_kv_rank is not None:
+            fail("model", "value_embeds", self.value_embeds, "must be 0 with mla_kv_rank (latent attention's "
+                 "values come from its cached latent)")
+
+    @property
+    def layer_value_embed(self) -> tuple[int | None, ...]:
+        """Each layer's value-embedding table (None: none): table i feeds layer i and layer
+        n_layer - value_embeds + i, the U shape of modded-nanogpt."""
+        tables: list[int | None] = [None] * self.n_layer
+        for table in range(self.value_embeds):
+            tables[table] = tables[self.n_layer - self.value_embeds + table] = table
+        return tuple(tables)
 
     @property
     def attention_heads(self) -> int:

@@ -23,6 +23,9 @@ Design:
   chunks start at their first query's window, so its work is O(T * window), and its KV cache
   rolls (``cache.py``). Differential attention is two passes of the same attention, one per half
   of each head pair, whose outputs are subtracted (``_differential``).
+- Value embeddings (modded-nanogpt): a layer given a token table's rows (``GPT`` looks them up)
+  mixes them into its new values, v = a v + b e[token] with learned (a, b), before the cache
+  stores them, so cached decoding stays exact.
 - The positional encoding is the layer's own (``GPT`` hands it ``pos.for_layer(layer)``) and is
   asked for what it does (``rotate``, ``scale_queries``, ``scale_keys``, ``bias``); this module
   never branches on its name.
@@ -102,19 +105,21 @@ class CausalAttention(nn.Module, abc.ABC):
         layer: int = 0,
         head_mask: torch.Tensor | None = None,
         return_weights: bool = False,
+        value_embed: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """x [B, T, d_model] at positions [T] = seq_len - T, ..., seq_len - 1 -> [B, T, d_model].
 
         Also returns the attention weights [B, heads, T, T_k] when ``return_weights`` (slow path).
         """
-        q, k, v, k_positions = self._qkv(x, pos, positions, seq_len, cache, layer)
+        q, k, v, k_positions = self._qkv(x, pos, positions, seq_len, cache, layer, value_embed)
         y, weights = self._heads(q, k, v, positions, k_positions, pos, layer, return_weights)
         return self._project(y, head_mask), weights
 
     @abc.abstractmethod
-    def _qkv(self, x, pos, positions, seq_len, cache, layer):
+    def _qkv(self, x, pos, positions, seq_len, cache, layer, value_embed):
         """-> q [B, H, T, Dq], k [B, Hkv, T_k, Dq], v [B, Hkv, T_k, Dv] in one dtype, and the keys'
-        positions [T_k] (the cached ones first)."""
+        positions [T_k] (the cached ones first). ``value_embed`` [B, T, Hkv * Dv] or None: the
+        value-embedding rows of this layer's tokens (ModelConfig allows them only with ``Attention``)."""
 
     def _heads(self, q, k, v, q_positions, k_positions, pos, layer, return_weights):
         """q [B, H, Tq, D] over k [B, Hkv, Tk, D], v [B, Hkv, Tk, Dv] -> (y [B, H, Tq, Dv], the
@@ -216,6 +221,9 @@ class Attention(CausalAttention):
         self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
         self.qk_norm_at = cfg.qk_norm  # none | before_rope | after_rope
         self.qk_norm = QKNorm(cfg) if cfg.qk_norm != "none" else None
+        # Value embeddings' (a, b) in v = a v + b e[token], from modded-nanogpt's (0.5, 0.5).
+        fed = cfg.layer_value_embed[layer] is not None
+        self.value_mix = nn.Parameter(torch.full((2,), 0.5)) if fed else None
         self.differential = cfg.diff_attn
         if self.differential:
             # Ye et al. 2024: lambda = exp(lq1 . lk1) - exp(lq2 . lk2) + lambda_init, vectors drawn
@@ -226,11 +234,14 @@ class Attention(CausalAttention):
             self.lambda_init = 0.8 - 0.6 * math.exp(-0.3 * layer)
             self.head_norm = nn.RMSNorm(2 * cfg.head_dim, eps=cfg.norm_eps)
 
-    def _qkv(self, x, pos, positions, seq_len, cache, layer):
+    def _qkv(self, x, pos, positions, seq_len, cache, layer, value_embed):
         B, T, _ = x.shape
         H, Hkv, D = self.n_head, self.n_kv_head, self.head_dim
         heads = self.qkv(x).view(B, T, H + 2 * Hkv, D).transpose(1, 2)  # [B, H + 2 Hkv, T, D]: q | k | v
         qk, v = heads.split([H + Hkv, Hkv], dim=1)  # v: [B, Hkv, T, D]
+        if value_embed is not None:
+            mix = self.value_mix.to(v.dtype)
+            v = mix[0] * v + mix[1] * value_embed.to(v.dtype).view(B, T, Hkv, D).transpose(1, 2)
         if self.qk_norm_at == "before_rope":
             qk = self.qk_norm(qk)
         if cache is not None and cache.positions_in_cache:

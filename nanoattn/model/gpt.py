@@ -48,6 +48,8 @@ class GPT(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.value_emb = nn.ModuleList(nn.Embedding(cfg.vocab_size, cfg.n_kv_head * cfg.head_dim)
+                                       for _ in range(cfg.value_embeds))
         self.pos = build_positional(cfg)
         self.blocks = nn.ModuleList(Block(cfg, layer) for layer in range(cfg.n_layer))
         self.norm = make_norm(cfg)
@@ -90,11 +92,14 @@ class GPT(nn.Module):
         positions = torch.arange(start, seq_len, device=idx.device)  # [T]
         x = self.pos.embed(self.tok_emb(idx), positions)  # [B, T, d_model]
         x = dropout(x, self.cfg.dropout, self.training)
+        value_embeds = [table(idx) for table in self.value_emb]  # [B, T, n_kv_head * head_dim] each
         all_weights = []
         for layer, block in enumerate(self.blocks):
+            table = self.cfg.layer_value_embed[layer]
             x, weights = block(x, self.pos.for_layer(layer), positions, seq_len, cache=cache, layer=layer,
                                head_mask=None if head_mask is None else head_mask[layer],
-                               return_weights=return_weights)
+                               return_weights=return_weights,
+                               value_embed=None if table is None else value_embeds[table])
             if return_weights:
                 all_weights.append(weights)
         if cache is not None:
@@ -157,10 +162,11 @@ class GPT(nn.Module):
                 attn.largest_logit = None
 
     def num_params(self, *, exclude_embeddings: bool = False) -> int:
-        """Parameters counted once (a tied LM head shares the embedding's)."""
+        """Parameters counted once (a tied LM head shares the embedding's); without embeddings, less
+        the token table and the value-embedding tables."""
         total = sum(p.numel() for p in self.parameters())
         if exclude_embeddings:
-            total -= self.tok_emb.weight.numel()
+            total -= self.tok_emb.weight.numel() + sum(table.weight.numel() for table in self.value_emb)
         return total
 
     def flops_per_token(self, seq_len: int) -> int:

@@ -45,7 +45,7 @@ class LatentAttention(CausalAttention):
         self.proj = nn.Linear(H * D, cfg.d_model, bias=cfg.bias)
         self.rope = RotaryPositionalEncoding(dataclasses.replace(cfg, d_model=H * R), [layer])
 
-    def _qkv(self, x, pos, positions, seq_len, cache, layer):
+    def _qkv(self, x, pos, positions, seq_len, cache, layer, value_embed):
         B, T, _ = x.shape
         H, D, R = self.n_head, self.head_dim, self.rope_dim
         q = self.q_b(self.q_norm(self.q_a(x))) if self.low_rank_queries else self.q_proj(x)

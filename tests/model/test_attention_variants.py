@@ -408,3 +408,70 @@ def test_max_attention_logit_is_the_largest_visible_score_and_qk_norm_bounds_it(
         # Plain: q.k grows with the square of the weights; normalised: at most sqrt(8) x gain^2 = 2.83.
         bounded = after <= math.sqrt(8) + 1e-4
         assert after == pytest.approx(100 * before, rel=1e-4) if net is model else bounded
+
+
+@pytest.mark.parametrize(("n_layer", "tables", "expected"), [
+    (4, 0, (None, None, None, None)),
+    (4, 1, (0, None, None, 0)),
+    (4, 2, (0, 1, 0, 1)),
+    (6, 2, (0, 1, None, None, 0, 1)),
+])
+def test_value_embedding_tables_feed_the_first_and_the_last_layers(n_layer, tables, expected):
+    cfg = ModelConfig(d_model=32, n_layer=n_layer, n_head=4, n_kv_head=2, value_embeds=tables)
+    assert cfg.layer_value_embed == expected
+    model = GPT(cfg)
+    assert [tuple(table.weight.shape) for table in model.value_emb] == [(cfg.vocab_size, 16)] * tables
+    assert [block.attn.value_mix is not None for block in model.blocks] == [t is not None for t in expected]
+    assert model.num_params(exclude_embeddings=True) == (
+        model.num_params() - cfg.vocab_size * (32 + 16 * tables))
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    (dict(value_embeds=3), "model.value_embeds=3 is invalid: must be an integer from 0 to n_layer / 2 = 2"),
+    (dict(value_embeds=-1), "model.value_embeds=-1 is invalid: must be an integer from 0"),
+    (dict(value_embeds=1.5), "model.value_embeds=1.5 is invalid: must be an integer"),
+    (dict(value_embeds=True), "model.value_embeds=True is invalid: must be an integer"),
+    (dict(value_embeds=1, mla_kv_rank=16, n_kv_head=4),
+     "model.value_embeds=1 is invalid: must be 0 with mla_kv_rank"),
+])
+def test_value_embeddings_refuse_what_they_are_not_defined_for(fields, message):
+    with pytest.raises(ValueError, match=message) as info:
+        ModelConfig(**{"d_model": 64, "n_layer": 4, "n_head": 4, "n_kv_head": 2, **fields})
+    assert "\n" not in str(info.value)
+
+
+def test_value_embeddings_mix_token_rows_into_the_values_as_a_v_plus_b_e():
+    """Reference: the plain model, with a hook rewriting the value slice of each fed layer's QKV
+    projection to a v + b E[token]; the same weights must give the same logits."""
+    torch.manual_seed(0)
+    fields = dict(vocab_size=40, d_model=32, n_layer=4, n_head=4, n_kv_head=2, max_seq_len=16,
+                  qk_norm="before_rope")
+    embedded = GPT(ModelConfig(**fields, value_embeds=1)).eval()
+    plain = GPT(ModelConfig(**fields)).eval()
+    missing, unexpected = plain.load_state_dict(embedded.state_dict(), strict=False)
+    assert not missing and set(unexpected) == {"value_emb.0.weight", "blocks.0.attn.value_mix",
+                                               "blocks.3.attn.value_mix"}
+    with torch.no_grad():
+        embedded.blocks[0].attn.value_mix.copy_(torch.tensor([0.7, 1.3]))
+        embedded.blocks[3].attn.value_mix.copy_(torch.tensor([-0.4, 2.0]))
+        embedded.value_emb[0].weight.normal_()  # rows as large as the values, so the mix shows
+    idx = torch.randint(0, 40, (2, 16))
+
+    def mixing(block):
+        a, b = block.attn.value_mix.tolist()
+
+        def hook(module, inputs, out):
+            q_k, v = out.split([32 + 16, 16], dim=-1)
+            return torch.cat([q_k, a * v + b * embedded.value_emb[0](idx)], dim=-1)
+        return hook
+
+    handles = [plain.blocks[i].attn.qkv.register_forward_hook(mixing(embedded.blocks[i])) for i in (0, 3)]
+    with torch.no_grad():
+        expected = plain(idx)
+        for handle in handles:
+            handle.remove()
+        assert not torch.allclose(plain(idx), expected, atol=1e-3)  # the rows changed the function
+        torch.testing.assert_close(embedded(idx), expected)
+    embedded.train().loss(idx[:, :-1], idx[:, 1:]).backward()
+    assert embedded.value_emb[0].weight.grad.abs().sum() > 0
+    assert embedded.blocks[3].attn.value_mix.grad.abs().sum() > 0

@@ -15,10 +15,10 @@ def _names(model, params):
     return {n for n, p in model.named_parameters() if id(p) in ids}
 
 
-@pytest.mark.parametrize("pos,tie", [("learned", True), ("rope", False)])
-def test_only_matmul_weights_decay_by_default(pos, tie):
+@pytest.mark.parametrize("pos,tie,value_embeds", [("learned", True, 0), ("rope", False, 1)])
+def test_only_matmul_weights_decay_by_default(pos, tie, value_embeds):
     cfg = ModelConfig(vocab_size=64, d_model=32, n_layer=2, n_head=2, d_ff=64, max_seq_len=16, pos=pos,
-                      norm="layernorm", mlp="gelu", bias=True, tie_embeddings=tie)
+                      norm="layernorm", mlp="gelu", bias=True, tie_embeddings=tie, value_embeds=value_embeds)
     model = GPT(cfg)
     decay, keep = param_groups(model, 0.1)
     assert decay["weight_decay"] == 0.1 and keep["weight_decay"] == 0.0
@@ -35,6 +35,8 @@ def test_only_matmul_weights_decay_by_default(pos, tie):
         assert "pos.table.weight" in kept
     if not tie:
         assert "lm_head.weight" in decayed
+    if value_embeds:  # the tables are embeddings and their mixes scalars
+        assert {"value_emb.0.weight", "blocks.0.attn.value_mix", "blocks.1.attn.value_mix"} <= kept
 
 
 def test_decay_embeddings_moves_embeddings_to_the_decayed_group():
