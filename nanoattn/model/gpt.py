@@ -94,8 +94,7 @@ class GPT(nn.Module):
         x = dropout(x, self.cfg.dropout, self.training)
         value_embeds = [table(idx) for table in self.value_emb]  # [B, T, n_kv_head * head_dim] each
         all_weights = []
-        for layer, block in enumerate(self.blocks):
-            table = self.cfg.layer_value_embed[layer]
+        for layer, (block, table) in enumerate(zip(self.blocks, self.cfg.layer_value_embed, strict=True)):
             x, weights = block(x, self.pos.for_layer(layer), positions, seq_len, cache=cache, layer=layer,
                                head_mask=None if head_mask is None else head_mask[layer],
                                return_weights=return_weights,
