@@ -125,6 +125,8 @@ class TrainConfig:
     muon_weight_decay: float | None = None  # optimizer=muon: Muon's weight decay; None = weight_decay
     muon_momentum: float = 0.95  # optimizer=muon: Muon's (Nesterov) momentum
     decay_embeddings: bool = False  # also decay token / position embeddings (norms and biases never)
+    embedding_lr_scale: float = 1.0  # the embedding tables' peak lr = lr x this (token, value, position)
+    head_lr_scale: float = 1.0  # an untied LM head's peak lr = lr x this (tied: it is the token table)
     beta1: float = 0.9
     beta2: float = 0.95
     grad_clip: float = 1.0  # max global gradient norm; 0 = no clipping
@@ -163,6 +165,9 @@ class TrainConfig:
         check_choice(own, "optimizer", self.optimizer, OPTIMIZERS)
         if not as_float(self.muon_lr_scale) > 0:
             fail(own, "muon_lr_scale", self.muon_lr_scale, "must be a positive number")
+        for name in ("embedding_lr_scale", "head_lr_scale"):
+            if not as_float(getattr(self, name)) > 0:
+                fail(own, name, getattr(self, name), "must be a positive number")
         if self.muon_weight_decay is not None and not as_float(self.muon_weight_decay) >= 0:
             fail(own, "muon_weight_decay", self.muon_weight_decay, "must be a non-negative number or null")
         if not 0 <= as_float(self.muon_momentum) < 1:
@@ -270,6 +275,9 @@ class RunConfig:
                   f"must be at most model.max_seq_len={self.model.max_seq_len} with pos='learned' "
                   "(the position table has no rows past it)")
 
+        if self.model.tie_embeddings and self.train.head_lr_scale != 1:
+            fail("train", "head_lr_scale", self.train.head_lr_scale, "must be 1 with "
+                 "model.tie_embeddings=true: the head is the token table, which embedding_lr_scale sets")
         if self.task.name is not None and self.train.passkey_fraction > 0:
             fail("train", "passkey_fraction", self.train.passkey_fraction,
                  "must be 0 with a task: passkey samples replace corpus rows, and a task run has none")

@@ -19,6 +19,8 @@ Design choices:
   AdamW's RMS (``adjust_lr_fn="match_rms_adamw"``, Liu et al. 2025, Moonlight), so one schedule
   and peak ``lr`` drive both; ``muon_lr_scale`` multiplies Muon's. Each param group carries its
   ``lr_scale``: the loop sets ``lr = lr_at(step) * lr_scale``.
+- ``embedding_lr_scale`` and ``head_lr_scale`` set the embedding tables' and an untied head's
+  rates apart, as modded-nanogpt tunes them (``scaled_groups``); a tied head is the token table.
 """
 
 from __future__ import annotations
@@ -46,6 +48,23 @@ def param_groups(model: nn.Module, weight_decay: float, *, decay_embeddings: boo
         if p.requires_grad:
             (keep if id(p) in no_decay else decay).append(p)
     return [{"params": decay, "weight_decay": weight_decay}, {"params": keep, "weight_decay": 0.0}]
+
+
+def scaled_groups(model: nn.Module, groups: list[dict], *, embedding_lr_scale: float = 1.0,
+                  head_lr_scale: float = 1.0) -> list[dict]:
+    """``groups`` each split by learning-rate scale, every group with its ``lr_scale``: the weights of
+    ``nn.Embedding`` tables at ``embedding_lr_scale``, an untied ``lm_head`` at ``head_lr_scale``,
+    everything else at 1. With both scales at 1 the groups stay as they are."""
+    scale = {id(m.weight): embedding_lr_scale for m in model.modules() if isinstance(m, nn.Embedding)}
+    if model.lm_head.weight is not model.tok_emb.weight:
+        scale[id(model.lm_head.weight)] = head_lr_scale
+    split = []
+    for group in groups:
+        by_scale: dict[float, list[nn.Parameter]] = {}
+        for p in group["params"]:
+            by_scale.setdefault(scale.get(id(p), 1.0), []).append(p)
+        split += [{**group, "params": params, "lr_scale": lr_scale} for lr_scale, params in by_scale.items()]
+    return split
 
 
 def muon_params(model: nn.Module) -> list[nn.Parameter]:
@@ -89,24 +108,26 @@ def optimizer_for(model: nn.Module, t: TrainConfig,
     return make_optimizer(model, lr=t.lr, weight_decay=t.weight_decay, betas=(t.beta1, t.beta2),
                           decay_embeddings=t.decay_embeddings, device=device, optimizer=t.optimizer,
                           muon_lr_scale=t.muon_lr_scale, muon_weight_decay=t.muon_weight_decay,
-                          muon_momentum=t.muon_momentum)
+                          muon_momentum=t.muon_momentum, embedding_lr_scale=t.embedding_lr_scale,
+                          head_lr_scale=t.head_lr_scale)
 
 
 def make_optimizer(model: nn.Module, *, lr: float, weight_decay: float, betas: tuple[float, float],
                    decay_embeddings: bool, device: torch.device, optimizer: str = "adamw",
                    muon_lr_scale: float = 1.0, muon_weight_decay: float | None = None,
-                   muon_momentum: float = 0.95) -> torch.optim.AdamW | OptimizerPair:
-    """AdamW over ``param_groups``, or (``optimizer="muon"``) Muon for ``muon_params`` (its weight
-    decay ``muon_weight_decay``, None: ``weight_decay``) with AdamW for the rest. Every group has
-    ``lr_scale``: 1, or ``muon_lr_scale`` for Muon's."""
+                   muon_momentum: float = 0.95, embedding_lr_scale: float = 1.0,
+                   head_lr_scale: float = 1.0) -> torch.optim.AdamW | OptimizerPair:
+    """AdamW over ``param_groups`` split by ``scaled_groups``, or (``optimizer="muon"``) Muon for
+    ``muon_params`` (its weight decay ``muon_weight_decay``, None: ``weight_decay``; its
+    ``lr_scale`` ``muon_lr_scale``) with AdamW for the rest."""
     fused = device.type in ("cuda", "cpu")
+    groups = scaled_groups(model, param_groups(model, weight_decay, decay_embeddings=decay_embeddings),
+                           embedding_lr_scale=embedding_lr_scale, head_lr_scale=head_lr_scale)
     if optimizer == "adamw":
-        groups = param_groups(model, weight_decay, decay_embeddings=decay_embeddings)
-        return torch.optim.AdamW([{**g, "lr_scale": 1.0} for g in groups], lr=lr, betas=betas, fused=fused)
+        return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=fused)
     matrices = muon_params(model)
     hidden = {id(p) for p in matrices}
-    rest = [{"params": [p for p in g["params"] if id(p) not in hidden], "weight_decay": g["weight_decay"],
-             "lr_scale": 1.0} for g in param_groups(model, weight_decay, decay_embeddings=decay_embeddings)]
+    rest = [{**g, "params": [p for p in g["params"] if id(p) not in hidden]} for g in groups]
     muon_decay = weight_decay if muon_weight_decay is None else muon_weight_decay
     muon = torch.optim.Muon([{"params": matrices, "lr_scale": muon_lr_scale}], lr=lr * muon_lr_scale,
                             weight_decay=muon_decay, momentum=muon_momentum, adjust_lr_fn="match_rms_adamw")

@@ -7,7 +7,16 @@ import pytest
 import torch
 
 from nanoattn import GPT, PRESETS, ModelConfig, preset
-from nanoattn.train.optim import OptimizerPair, lr_at, make_optimizer, muon_params, param_groups
+from nanoattn.checkpoint import load_trainer_state
+from nanoattn.train import train
+from nanoattn.train.optim import (
+    OptimizerPair,
+    lr_at,
+    make_optimizer,
+    muon_params,
+    param_groups,
+    scaled_groups,
+)
 
 
 def _names(model, params):
@@ -135,3 +144,39 @@ def test_muon_and_adamw_step_together_with_their_learning_rates_and_one_state_di
     assert set(state) == {"muon", "adamw"} and len(state["muon"]["state"]) == 8
     with pytest.raises(ValueError, match="train.optimizer=muon needs its muon and adamw states"):
         opt.load_state_dict(adamw.state_dict())
+
+
+def test_embedding_and_head_rates_are_set_apart_and_a_tied_head_follows_the_token_table():
+    fields = dict(vocab_size=64, d_model=32, n_layer=2, n_head=4, n_kv_head=2, max_seq_len=16, pos="learned",
+                  value_embeds=1)
+    untied = GPT(ModelConfig(**fields, tie_embeddings=False))
+    opt = make_optimizer(untied, lr=1e-2, weight_decay=0.1, betas=(0.9, 0.95), decay_embeddings=False,
+                         device=torch.device("cpu"), optimizer="muon", muon_lr_scale=2.0,
+                         embedding_lr_scale=10.0, head_lr_scale=0.5)
+    scale = {n: g["lr_scale"] for g in opt.param_groups for n in _names(untied, g["params"])}
+    decay = {n: g["weight_decay"] for g in opt.param_groups for n in _names(untied, g["params"])}
+    assert len(scale) == len(list(untied.parameters()))  # each parameter in one group
+    tables = {"tok_emb.weight", "value_emb.0.weight", "pos.table.weight"}
+    assert {n for n, s in scale.items() if s == 10.0} == tables and {decay[n] for n in tables} == {0.0}
+    assert scale["lm_head.weight"] == 0.5 and decay["lm_head.weight"] == 0.1  # the head still decays
+    assert {n for n, s in scale.items() if s == 2.0} == _names(untied, muon_params(untied))
+    assert all(s == 1.0 for n, s in scale.items() if "norm" in n or "value_mix" in n)
+
+    tied = GPT(ModelConfig(**fields))
+    groups = scaled_groups(tied, param_groups(tied, 0.1), embedding_lr_scale=10.0)
+    assert {n for g in groups if g["lr_scale"] == 10.0 for n in _names(tied, g["params"])} == tables
+    # At scale 1 the groups are param_groups' two, unsplit.
+    plain = scaled_groups(tied, param_groups(tied, 0.1))
+    assert [(g["weight_decay"], g["lr_scale"]) for g in plain] == [(0.1, 1.0), (0.0, 1.0)]
+    assert [g["params"] for g in plain] == [g["params"] for g in param_groups(tied, 0.1)]
+
+
+def test_training_steps_each_group_at_its_scale_of_the_schedule(tmp_path, tiny_config):
+    run_dir = train(tiny_config(tmp_path / "run", model={"tie_embeddings": False}, optimizer="muon",
+                                schedule="constant", embedding_lr_scale=10.0, head_lr_scale=0.5,
+                                muon_lr_scale=2.0))
+    state = load_trainer_state(run_dir)["optimizer"]
+    groups = state["muon"]["param_groups"] + state["adamw"]["param_groups"]
+    # The untied head (decayed), the norms, Muon's matrices, the token table (neither decayed).
+    assert sorted(g["lr_scale"] for g in groups) == [0.5, 1.0, 2.0, 10.0]
+    assert all(g["lr"] == pytest.approx(3e-3 * g["lr_scale"]) for g in groups)
