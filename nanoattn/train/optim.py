@@ -53,11 +53,13 @@ def param_groups(model: nn.Module, weight_decay: float, *, decay_embeddings: boo
 def scaled_groups(model: nn.Module, groups: list[dict], *, embedding_lr_scale: float = 1.0,
                   head_lr_scale: float = 1.0) -> list[dict]:
     """``groups`` each split by learning-rate scale, every group with its ``lr_scale``: the weights of
-    ``nn.Embedding`` tables at ``embedding_lr_scale``, an untied ``lm_head`` at ``head_lr_scale``,
-    everything else at 1. With both scales at 1 the groups stay as they are."""
+    ``nn.Embedding`` tables at ``embedding_lr_scale``, the model's ``lm_head``, unless it is tied to
+    a table, at ``head_lr_scale``, everything else at 1. With both scales at 1 the groups stay as
+    they are. Any model with these modules works (the bench steps transformers' Llama too)."""
     scale = {id(m.weight): embedding_lr_scale for m in model.modules() if isinstance(m, nn.Embedding)}
-    if model.lm_head.weight is not model.tok_emb.weight:
-        scale[id(model.lm_head.weight)] = head_lr_scale
+    head = getattr(model, "lm_head", None)
+    if head is not None and id(head.weight) not in scale:
+        scale[id(head.weight)] = head_lr_scale
     split = []
     for group in groups:
         by_scale: dict[float, list[nn.Parameter]] = {}
