@@ -125,7 +125,7 @@ class TrainConfig:
     muon_weight_decay: float | None = None  # optimizer=muon: Muon's weight decay; None = weight_decay
     muon_momentum: float = 0.95  # optimizer=muon: Muon's (Nesterov) momentum
     decay_embeddings: bool = False  # also decay token / position embeddings (norms and biases never)
-    embedding_lr_scale: float = 1.0  # the embedding tables' peak lr = lr x this (token, value, position)
+    embedding_lr_scale: float = 1.0  # every nn.Embedding's peak lr = lr x this (token, value, position, T5)
     head_lr_scale: float = 1.0  # an untied LM head's peak lr = lr x this (tied: it is the token table)
     beta1: float = 0.9
     beta2: float = 0.95
