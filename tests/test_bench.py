@@ -247,8 +247,10 @@ def test_speedrun_scores_each_run_against_the_reference_curve():
 def test_speedrun_recipes_are_the_default_run_with_overrides():
     run = recipe(["train.optimizer=muon", "model.qk_norm=before_rope", "train.lr=0.01"], max_steps=7)
     assert (run.train.optimizer, run.model.qk_norm, run.train.lr) == ("muon", "before_rope", 0.01)
+    assert run.train.min_lr == 0.001  # lr / 10 of the overridden lr, as scripts/train.py derives it
+    assert recipe(["train.min_lr=0.0002"]).train.min_lr == 0.0002
     assert run.train.max_steps == 7
-    assert recipe([]) == RunConfig(model=preset("llama-tiny"))  # what scripts/train.py composes
+    assert recipe([]) == RunConfig(model=preset("llama-tiny"))  # scripts/train.py recipe=adamw
     with pytest.raises(ValueError, match=r"override 'train.bogus=1' is invalid: expected key=value"):
         recipe(["train.bogus=1"])
     with pytest.raises(ValueError, match=r"bench.speedrun_candidate=\['muon'\] is invalid: must be a list"):

@@ -1,9 +1,10 @@
-"""``speedrun``: the default recipe against a candidate, each a whole training run, back to back.
+"""``speedrun``: a reference recipe against a candidate, each a whole training run, back to back.
 
-- Both are training runs through ``nanoattn.train.train`` on the default data, built from the
-  default run (``RunConfig(model=preset("llama-tiny"))``, what ``python scripts/train.py``
-  composes) plus overrides: ``speedrun_reference`` (none: today's default) and
-  ``speedrun_candidate``, each ``key=value`` with the value read as YAML. They run back to back
+- Both are training runs through ``nanoattn.train.train`` on the default data, built from
+  ``RunConfig(model=preset("llama-tiny"))`` (the first round's default run, ``python
+  scripts/train.py recipe=adamw``) plus overrides: ``speedrun_reference`` (none: that run) and
+  ``speedrun_candidate`` (by default the default recipe's, configs/recipe/muon_embed.yaml), each
+  ``key=value`` with the value read as YAML. They run back to back
   in this process on the same machine state, each evaluating every ``speedrun_eval_interval``
   steps on the same fixed validation windows.
 - Training time is what each run's metrics say: the sum over its log windows of tokens /
@@ -37,6 +38,7 @@ from nanoattn.train import train
 def recipe(overrides: Sequence[str], **train_fields: Any) -> RunConfig:
     """The default run with ``overrides`` (``a.b=value``, YAML values) and ``train_fields`` on top."""
     values = RunConfig(model=preset("llama-tiny")).to_dict()
+    values["train"]["min_lr"] = None  # declared None (lr / 10): derived again from the overridden lr
     for override in overrides:
         key, sep, text = override.partition("=")
         path = key.split(".")
@@ -107,7 +109,7 @@ def speedrun_section(cfg: BenchConfig, done: Mapping[str, list[Row]]) -> list[Ro
             rates[name] = statistics.median(speeds[1:] or speeds)  # the first window warms up
     rows = []
     for name, score in scores(curves, cfg.speedrun_target).items():
-        rows.append(dict(recipe=name, overrides=" ".join(recipes[name]) or "(the default run)",
+        rows.append(dict(recipe=name, overrides=" ".join(recipes[name]) or "(none: recipe=adamw)",
                          steps=configs[name].train.max_steps, train_s=round(curves[name][-1][0], 1),
                          tok_per_s=rates[name], val_bpb=curves[name][-1][1], target=cfg.speedrun_target,
                          **score))

@@ -92,8 +92,9 @@ def _overrides(cfg: dict[str, Any], prefix: str = "") -> list[str]:
 
 @pytest.fixture
 def as_overrides() -> Callable[[dict[str, Any]], list[str]]:
-    """as_overrides(cfg_dict) -> ["model.d_model=32", ...] for scripts/train.py."""
-    return _overrides
+    """as_overrides(cfg_dict) -> ["~recipe", "model.d_model=32", ...] for scripts/train.py: the dict's
+    unset keys keep RunConfig's defaults, so the default recipe (configs/train.yaml) is dropped."""
+    return lambda cfg: ["~recipe", *_overrides(cfg)]
 
 
 @pytest.fixture

@@ -118,7 +118,8 @@ BAD = [
     (["train.muon_lr_scale=0"], "train.muon_lr_scale=0 is invalid: must be a positive number"),
     (["train.muon_momentum=1"], "train.muon_momentum=1 is invalid: must be in [0, 1)"),
     (["train.embedding_lr_scale=0"], "train.embedding_lr_scale=0 is invalid: must be a positive number"),
-    (["train.head_lr_scale=0.5"], "train.head_lr_scale=0.5 is invalid: must be 1 with model.tie_embeddings"),
+    # The default recipe sets the untied head's rate apart; tying the head back needs that rate at 1.
+    (["model.tie_embeddings=true"], "train.head_lr_scale=0.3 is invalid: must be 1 with model.tie_"),
     (["attention=foo"], "attention/foo"),
     (["train.resume=true"], "holds no run"),
 ]
