@@ -244,7 +244,7 @@ def test_speedrun_scores_each_run_against_the_reference_curve():
                            "bpb_at_reference_budget": 2.3}
 
 
-def test_speedrun_recipes_are_the_default_run_with_overrides():
+def test_speedrun_recipes_are_the_first_rounds_run_with_overrides():
     run = recipe(["train.optimizer=muon", "model.qk_norm=before_rope", "train.lr=0.01"], max_steps=7)
     assert (run.train.optimizer, run.model.qk_norm, run.train.lr) == ("muon", "before_rope", 0.01)
     assert run.train.min_lr == 0.001  # lr / 10 of the overridden lr, as scripts/train.py derives it

@@ -58,7 +58,7 @@ class BenchConfig:
     # speedrun (not in the default list: two whole trainings, about 10 minutes on 2 CPU cores):
     # key=value over RunConfig's defaults on llama-tiny: the first round's default run (recipe=adamw)
     speedrun_reference: list[str] = dataclasses.field(default_factory=list)
-    # The default recipe, configs/recipe/muon_embed.yaml (tests/test_bench.py checks they agree).
+    # The default recipe, configs/recipe/muon_embed.yaml (tests/test_configs.py checks they agree).
     speedrun_candidate: list[str] = dataclasses.field(default_factory=lambda: [
         "train.optimizer=muon", "train.lr=0.006", "model.tie_embeddings=false",
         "train.embedding_lr_scale=10", "train.head_lr_scale=0.3"])

@@ -36,7 +36,7 @@ from nanoattn.train import train
 
 
 def recipe(overrides: Sequence[str], **train_fields: Any) -> RunConfig:
-    """The default run with ``overrides`` (``a.b=value``, YAML values) and ``train_fields`` on top."""
+    """The first round's default run with ``overrides`` (``a.b=value``, YAML values) and ``train_fields``."""
     values = RunConfig(model=preset("llama-tiny")).to_dict()
     values["train"]["min_lr"] = None  # declared None (lr / 10): derived again from the overridden lr
     for override in overrides:
