@@ -124,17 +124,13 @@ def test_each_recipe_of_the_search_composes_over_the_default_run(recipe):
 
 
 def test_the_default_run_is_the_default_recipe_and_adamw_is_the_first_rounds():
-    from_hydra = _run_config([])
-    from_hydra.out_dir = "x"
-    candidate = recipe(BenchConfig().speedrun_candidate)  # what bench.py's speedrun trains as the default
-    candidate.out_dir = "x"
-    assert from_hydra == candidate
-    assert (from_hydra.train.optimizer, from_hydra.model.tie_embeddings) == ("muon", False)
-    first_round = _run_config(["recipe=adamw"])
-    first_round.out_dir = "x"
-    reference = recipe([])
-    reference.out_dir = "x"
-    assert first_round == reference
+    def run(config: RunConfig) -> RunConfig:
+        return dataclasses.replace(config, out_dir="x")  # the run directory is the one key that differs
+
+    default = run(_run_config([]))
+    assert default == run(recipe(BenchConfig().speedrun_candidate))  # what bench.py's speedrun trains
+    assert (default.train.optimizer, default.model.tie_embeddings) == ("muon", False)
+    assert run(_run_config(["recipe=adamw"])) == run(recipe([]))
 
 
 @pytest.mark.parametrize("task", _names("task"))
