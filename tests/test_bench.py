@@ -135,6 +135,33 @@ def test_train_and_e2e_time_the_training_loops_own_step(tmp_path, monkeypatch):
     assert {net.__name__ for _, _, net in calls} == {"LossModule", "TwinLoss", "BareGPT"}
 
 
+def test_train_steps_all_three_with_the_recipes_optimizer(monkeypatch):
+    """By default the default run's: Muon over the same block matrices in each implementation
+    (transformers splits them into more), AdamW for the rest; ``train_recipe=[]``: the first round's AdamW."""
+    stepped = {}
+
+    def spy(net, model, optimizer, micro_batches, **options):
+        stepped[type(net).__name__] = (model, optimizer)
+        return step.optimizer_step(net, model, optimizer, micro_batches, **options)
+
+    monkeypatch.setattr(nanoattn.bench.train, "optimizer_step", spy)
+    rows = run_sections(["train"], tiny_config(model=ModelConfig(**TINY)))["train"]
+    assert {r["optimizer"] for r in rows} == {"muon"}
+    muon_weights = {}
+    for net, (model, optimizer) in stepped.items():
+        muon, adamw = optimizer.optimizers
+        matrices = {id(p) for group in muon.param_groups for p in group["params"]}
+        rest = {id(p) for group in adamw.param_groups for p in group["params"]}
+        assert id(model.lm_head.weight) in rest - matrices  # untied by the recipe, stepped by AdamW
+        assert {id(p) for p in model.parameters()} == matrices | rest
+        muon_weights[net] = sum(p.numel() for group in muon.param_groups for p in group["params"])
+    assert muon_weights["LossModule"] == muon_weights["TwinLoss"] == muon_weights["BareGPT"]
+    stepped.clear()
+    rows = run_sections(["train"], tiny_config(train_recipe=[]))["train"]
+    assert {r["optimizer"] for r in rows} == {"adamw"}
+    assert all(isinstance(optimizer, torch.optim.AdamW) for _, optimizer in stepped.values())
+
+
 def test_run_rate_leaves_out_the_first_window(tmp_path):
     write_run(tmp_path / "run", [10.0, 500.0, 300.0, 400.0])
     cfg, rate, windows = read_run_rate(tmp_path / "run")
@@ -189,9 +216,10 @@ def test_the_yaml_states_no_default_and_overrides_reach_the_config(bench_cli_sto
                 return from_dict(BenchConfig, values, owner="bench")
 
             assert build() == BenchConfig()
-            quick = build("only=[train,mfu]", "quick=true", "out=bench.json", "model=llama-tiny")
+            quick = build("only=[train,mfu]", "quick=true", "out=bench.json", "model=llama-tiny",
+                          "train_recipe=[]")
             assert quick == BenchConfig(only=["train", "mfu"], quick=True, out="bench.json",
-                                        model="llama-tiny")
+                                        model="llama-tiny", train_recipe=[])
     finally:
         GlobalHydra.instance().clear()
     # Every section runs by default but speedrun (two whole trainings); quick fills the repetitions and

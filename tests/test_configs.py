@@ -128,7 +128,9 @@ def test_the_default_run_is_the_default_recipe_and_adamw_is_the_first_rounds():
         return dataclasses.replace(config, out_dir="x")  # the run directory is the one key that differs
 
     default = run(_run_config([]))
-    assert default == run(recipe(BenchConfig().speedrun_candidate))  # what bench.py's speedrun trains
+    bench = BenchConfig()
+    assert bench.speedrun_candidate == bench.train_recipe  # speedrun trains it, train and profile step it
+    assert default == run(recipe(bench.train_recipe))
     assert (default.train.optimizer, default.model.tie_embeddings) == ("muon", False)
     assert run(_run_config(["recipe=adamw"])) == run(recipe([]))
 

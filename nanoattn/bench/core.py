@@ -30,6 +30,10 @@ Row = dict[str, Any]
 Section = Callable[["BenchConfig", Mapping[str, list[Row]]], list[Row]]
 SECTIONS: dict[str, Section] = {}  # filled by @section when nanoattn.bench imports the section modules
 TRAIN_DTYPES = ("float32", "bfloat16")  # train measures both; decode and eval take one (bfloat16: autocast)
+# The default recipe, configs/recipe/muon_embed.yaml, as key=value overrides of the first round's
+# default run (speedrun.recipe); tests/test_configs.py checks that the two agree.
+DEFAULT_RECIPE = ("train.optimizer=muon", "train.lr=0.006", "model.tie_embeddings=false",
+                  "train.embedding_lr_scale=10", "train.head_lr_scale=0.3")
 
 
 @dataclass
@@ -55,13 +59,13 @@ class BenchConfig:
     reps: int | None = None  # timed repetitions per measurement; null: 5 (quick: 3)
     threads: int | None = None  # torch CPU threads; null: torch's default
     e2e_seconds: float | None = None  # e2e: time the bare step at least this long; null: 30 (quick: 10)
+    # train, mfu, profile: the step's recipe (optimizer, rates, a tied or untied head), key=value over
+    # the first round's default run like speedrun's; []: that run's, AdamW on a tied head
+    train_recipe: list[str] = dataclasses.field(default_factory=lambda: list(DEFAULT_RECIPE))
     # speedrun (not in the default list: two whole trainings, about 10 minutes on 2 CPU cores):
     # key=value over RunConfig's defaults on llama-tiny: the first round's default run (recipe=adamw)
     speedrun_reference: list[str] = dataclasses.field(default_factory=list)
-    # The default recipe, configs/recipe/muon_embed.yaml (tests/test_configs.py checks they agree).
-    speedrun_candidate: list[str] = dataclasses.field(default_factory=lambda: [
-        "train.optimizer=muon", "train.lr=0.006", "model.tie_embeddings=false",
-        "train.embedding_lr_scale=10", "train.head_lr_scale=0.3"])
+    speedrun_candidate: list[str] = dataclasses.field(default_factory=lambda: list(DEFAULT_RECIPE))
     speedrun_target: float = 2.044  # val_bpb: the round-1 default's final value on the held-out plays
     speedrun_eval_interval: int = 100  # steps between the evaluations the curves are read from
     sweep: str | None = None  # sweep: a finished recipe sweep's folder of <recipe>/<seed> runs
@@ -92,7 +96,7 @@ class BenchConfig:
             self.e2e_seconds = 10.0 if self.quick else 30.0
         if not as_float(self.e2e_seconds) >= 0:
             fail(own, "e2e_seconds", self.e2e_seconds, "must be a number of seconds >= 0")
-        for name in ("speedrun_reference", "speedrun_candidate"):
+        for name in ("train_recipe", "speedrun_reference", "speedrun_candidate"):
             value = getattr(self, name)
             if not isinstance(value, (list, tuple)) or not all(isinstance(o, str) and "=" in o
                                                                 for o in value):

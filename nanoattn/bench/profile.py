@@ -1,8 +1,9 @@
 """``profile``: where one training step's time goes, by kind of work.
 
-- The step is the default run's (``speedrun.recipe([])``: model, batch, dtype and optimizer as
-  ``python scripts/train.py`` runs them), one update by the loop's ``optimizer_step`` on random
-  tokens, ``reps`` of them under ``torch.profiler`` after two untimed ones.
+- The step is the ``train_recipe``'s run (``speedrun.recipe``; by default the default run's: model,
+  batch, dtype and optimizer as ``python scripts/train.py`` runs them), one update by the loop's
+  ``optimizer_step`` on random tokens, ``reps`` of them under ``torch.profiler`` after two
+  untimed ones.
 - Every profiled op's self time (CPU, or CUDA on a GPU) goes to one kind by its name (``KINDS``,
   first match wins): matmuls, attention (the SDPA kernels), softmax and loss, norms, the
   optimizer (its fused and foreach kernels, Muon's orthogonalisation included in its matmuls is
@@ -50,8 +51,8 @@ def kind_of(op: str) -> str:
 
 @section("profile")
 def profile_section(cfg: BenchConfig, done: Mapping[str, list[Row]]) -> list[Row]:
-    """The default run's training step under torch.profiler, its self time grouped by kind of work."""
-    run = recipe([])
+    """The recipe's training step under torch.profiler, its self time grouped by kind of work."""
+    run = recipe(cfg.train_recipe)
     t, device = run.train, cfg.torch_device()
     amp, reason = autocast_dtype(t.dtype, device)
     torch.manual_seed(0)

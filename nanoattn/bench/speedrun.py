@@ -30,14 +30,15 @@ from typing import Any
 import yaml
 
 from nanoattn.bench.core import BenchConfig, Row, section
-from nanoattn.config import RunConfig, preset
+from nanoattn.config import ModelConfig, RunConfig, preset
 from nanoattn.logging import read_metrics
 from nanoattn.train import train
 
 
-def recipe(overrides: Sequence[str], **train_fields: Any) -> RunConfig:
-    """The first round's default run with ``overrides`` (``a.b=value``, YAML values) and ``train_fields``."""
-    values = RunConfig(model=preset("llama-tiny")).to_dict()
+def recipe(overrides: Sequence[str], base_model: ModelConfig | None = None, **train_fields: Any) -> RunConfig:
+    """The first round's default run with ``overrides`` (``a.b=value``, YAML values) and ``train_fields``;
+    ``base_model`` replaces its model (llama-tiny) before the overrides apply."""
+    values = RunConfig(model=base_model or preset("llama-tiny")).to_dict()
     values["train"]["min_lr"] = None  # declared None (lr / 10): derived again from the overridden lr
     for override in overrides:
         key, sep, text = override.partition("=")

@@ -6,9 +6,13 @@
   (``initial_loss``) show that they compute the same function. The bare reference (``bare.py``:
   the same block as plainly as PyTorch allows, GPT's weights loaded) is the floor nanoattn's
   machinery is measured against (``vs_bare``); the machine's is ``mfu``.
-- The same step: both go through ``nanoattn.train.step.optimizer_step``, the update the training
-  loop runs (forward under autocast, backward, global-norm clipping, AdamW), with the optimizer of
-  ``nanoattn.train.optim.optimizer_for`` at ``TrainConfig``'s defaults. nanoattn's loss module is
+- The same step: all three go through ``nanoattn.train.step.optimizer_step``, the update the
+  training loop runs (forward under autocast, backward, global-norm clipping, the optimizer), with
+  the optimizer ``nanoattn.train.optim.optimizer_for`` builds for the ``train_recipe``'s run (by default
+  the default run's: Muon for every linear layer's matrix but the head, AdamW for the rest, an
+  untied head). transformers' Llama keeps q, k, v and the MLP's gate and up as separate matrices,
+  so Muon orthogonalises seven matrices a layer there against four in nanoattn and the bare block:
+  the same FLOPs forward and backward, more small ones in the optimizer. nanoattn's loss module is
   ``wrap_for_training``'s, as in training; transformers' is ``TwinLoss``; each is compiled the
   same way with ``compile=true``.
 - Tokens per second counts input tokens per optimizer step, wall time.
@@ -27,6 +31,7 @@ from torch import nn
 
 from nanoattn.bench.bare import BareGPT
 from nanoattn.bench.core import TRAIN_DTYPES, BenchConfig, Row, alternate, random_tokens, section, shape_text
+from nanoattn.bench.speedrun import recipe
 from nanoattn.bench.twin import transformers_twin
 from nanoattn.config import TrainConfig
 from nanoattn.model import GPT
@@ -48,10 +53,9 @@ class TwinLoss(nn.Module):
         return self.twin(input_ids=x, labels=y, shift_labels=y).loss
 
 
-def _stepper(net: nn.Module, model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor],
+def _stepper(net: nn.Module, model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor], t: TrainConfig,
              device: torch.device) -> Callable[[str], None]:
     """One optimizer update of ``model`` through ``net`` on ``batch``, under a dtype given per call."""
-    t = TrainConfig()
     optimizer = optimizer_for(model, t, device)
 
     def step(dtype: str) -> None:
@@ -64,11 +68,12 @@ def _stepper(net: nn.Module, model: nn.Module, batch: tuple[torch.Tensor, torch.
 
 def train_rows(cfg: BenchConfig) -> list[Row]:
     device = cfg.torch_device()
+    run = recipe(cfg.train_recipe, base_model=cfg.model)
     torch.manual_seed(0)
     with device:
-        ours = GPT(cfg.model).train()
+        ours = GPT(run.model).train()
     theirs = transformers_twin(ours, device).train()
-    bare = BareGPT(cfg.model).to(device).train()
+    bare = BareGPT(run.model).to(device).train()
     bare.load_state_dict(ours.state_dict())
     B, T = cfg.batch_size, cfg.seq_len
     x = random_tokens(cfg.model.vocab_size, (B, T), device, seed=1)  # [B, T]
@@ -78,12 +83,12 @@ def train_rows(cfg: BenchConfig) -> list[Row]:
                    "bare": bare(x, y).item()}
     steppers = {}
     for compiled in (False, True) if cfg.compile else (False,):
-        steppers["nanoattn", compiled] = _stepper(
-            wrap_for_training(ours, ddp=False, compile=compiled, device=device), ours, (x, y), device)
         twin_loss = TwinLoss(theirs)
-        steppers["transformers", compiled] = _stepper(
-            torch.compile(twin_loss) if compiled else twin_loss, theirs, (x, y), device)
-        steppers["bare", compiled] = _stepper(torch.compile(bare) if compiled else bare, bare, (x, y), device)
+        nets = {"nanoattn": (wrap_for_training(ours, ddp=False, compile=compiled, device=device), ours),
+                "transformers": (torch.compile(twin_loss) if compiled else twin_loss, theirs),
+                "bare": (torch.compile(bare) if compiled else bare, bare)}
+        for impl, (net, model) in nets.items():
+            steppers[impl, compiled] = _stepper(net, model, (x, y), run.train, device)
     flops = ours.flops_per_token(T)
     rows = []
     for dtype in TRAIN_DTYPES:
@@ -93,7 +98,8 @@ def train_rows(cfg: BenchConfig) -> list[Row]:
         for (impl, compiled), s in seconds.items():
             rate = B * T / s
             rows.append(dict(impl=impl + (" + compile" if compiled else ""), dtype=dtype,
-                             shape=shape_text(cfg.model, B, T), initial_loss=initial[impl], step_ms=1000 * s,
+                             shape=shape_text(run.model, B, T), optimizer=run.train.optimizer,
+                             initial_loss=initial[impl], step_ms=1000 * s,
                              tok_per_s=rate, vs_transformers=rate / baseline, vs_bare=rate / bare_rate,
                              flops_per_token=flops))
     return rows
@@ -101,7 +107,7 @@ def train_rows(cfg: BenchConfig) -> list[Row]:
 
 @section("train")
 def train_section(cfg: BenchConfig, done: Mapping[str, list[Row]]) -> list[Row]:
-    """Training-step tokens/s, nanoattn vs transformers' Llama of the same shape, fp32 and bf16."""
+    """Training-step tokens/s, nanoattn vs transformers' Llama and the bare block, fp32 and bf16."""
     return train_rows(cfg)
 
 

@@ -70,9 +70,14 @@ def scaled_groups(model: nn.Module, groups: list[dict], *, embedding_lr_scale: f
 
 
 def muon_params(model: nn.Module) -> list[nn.Parameter]:
-    """The parameters Muon updates: 2-D weights of the transformer blocks' linear layers."""
-    return [module.weight for block in model.blocks for module in block.modules()
-            if isinstance(module, nn.Linear) and module.weight.ndim == 2]
+    """The parameters Muon updates: the weights of every linear layer but the model's ``lm_head``.
+
+    In a GPT these are the blocks' attention and MLP matrices; found by module type, the same rule
+    finds them in transformers' Llama and the bench's bare reference, which the bench steps alike.
+    """
+    head = getattr(model, "lm_head", None)
+    return [module.weight for module in model.modules()
+            if isinstance(module, nn.Linear) and module is not head]
 
 
 class OptimizerPair:
