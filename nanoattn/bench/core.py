@@ -60,7 +60,8 @@ class BenchConfig:
     threads: int | None = None  # torch CPU threads; null: torch's default
     e2e_seconds: float | None = None  # e2e: time the bare step at least this long; null: 30 (quick: 10)
     # train, mfu, profile: the step's recipe (optimizer, rates, a tied or untied head), key=value over
-    # the first round's default run like speedrun's; []: that run's, AdamW on a tied head
+    # the first round's default run like speedrun's (train and mfu apply its model keys to `model`);
+    # []: the first round's AdamW
     train_recipe: list[str] = dataclasses.field(default_factory=lambda: list(DEFAULT_RECIPE))
     # speedrun (not in the default list: two whole trainings, about 10 minutes on 2 CPU cores):
     # key=value over RunConfig's defaults on llama-tiny: the first round's default run (recipe=adamw)

@@ -76,8 +76,8 @@ def train_rows(cfg: BenchConfig) -> list[Row]:
     bare = BareGPT(run.model).to(device).train()
     bare.load_state_dict(ours.state_dict())
     B, T = cfg.batch_size, cfg.seq_len
-    x = random_tokens(cfg.model.vocab_size, (B, T), device, seed=1)  # [B, T]
-    y = random_tokens(cfg.model.vocab_size, (B, T), device, seed=2)  # [B, T]
+    x = random_tokens(run.model.vocab_size, (B, T), device, seed=1)  # [B, T]
+    y = random_tokens(run.model.vocab_size, (B, T), device, seed=2)  # [B, T]
     with torch.no_grad():  # the same weights, so the same loss: they compute the same function
         initial = {"nanoattn": ours.loss(x, y).item(), "transformers": TwinLoss(theirs)(x, y).item(),
                    "bare": bare(x, y).item()}
