@@ -276,8 +276,11 @@ class RunConfig:
                   "(the position table has no rows past it)")
 
         if self.model.tie_embeddings and self.train.head_lr_scale != 1:
-            fail("train", "head_lr_scale", self.train.head_lr_scale, "must be 1 with "
-                 "model.tie_embeddings=true: the head is the token table, which embedding_lr_scale sets")
+            # With init_from the model is the checkpoint's, whatever model keys the run set.
+            tied = "model.tie_embeddings=true" + ("" if self.train.init_from is None else
+                                                  f" (the model of train.init_from={self.train.init_from!r})")
+            fail("train", "head_lr_scale", self.train.head_lr_scale,
+                 f"must be 1 with {tied}: the head is the token table, which embedding_lr_scale sets")
         if self.task.name is not None and self.train.passkey_fraction > 0:
             fail("train", "passkey_fraction", self.train.passkey_fraction,
                  "must be 0 with a task: passkey samples replace corpus rows, and a task run has none")

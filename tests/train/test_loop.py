@@ -3,6 +3,7 @@
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -199,6 +200,19 @@ def test_init_from_starts_from_the_weights_with_the_context_fields_of_the_new_co
     assert model.rope_scaling["original_max_seq_len"] == 32
     first = read_metrics(run_dir / "metrics.jsonl")[0]
     assert first["step"] == 1 and first["train_loss"] < source_loss + 0.5 < math.log(257)
+
+
+def test_init_from_a_tied_checkpoint_refuses_a_head_rate_of_its_own(tmp_path, tiny_config):
+    """The default recipe unties the head and sets its rate apart; a tied checkpoint keeps its tie,
+    and the error says that the tie is the checkpoint's."""
+    source = train(tiny_config(tmp_path / "source", max_steps=2, ckpt_interval=0))
+    cfg = tiny_config(tmp_path / "tuned", max_steps=2, init_from=str(source), head_lr_scale=0.3,
+                      model={"tie_embeddings": False})
+    message = (f"train.head_lr_scale=0.3 is invalid: must be 1 with model.tie_embeddings=true (the model of "
+               f"train.init_from='{source}')")
+    with pytest.raises(ValueError, match=re.escape(message)):
+        train(cfg)
+    assert not (tmp_path / "tuned").exists()
 
 
 def test_importing_nanoattn_imports_neither_wandb_hydra_nor_datasets():
