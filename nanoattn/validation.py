@@ -68,3 +68,16 @@ def from_dict(cls, values: Mapping[str, Any] | None, owner: str | None = None):
         raise ValueError(f"unknown key(s) {', '.join(where + '.' + str(k) for k in unknown)}; "
                          f"allowed: {', '.join(sorted(names))}")
     return cls(**values)
+
+
+def declared_defaults(cls: type) -> dict[str, Any]:
+    """{field: its declared default} for dataclass ``cls``, nested dataclasses as dicts."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        if f.default is not dataclasses.MISSING:
+            out[f.name] = f.default
+        elif dataclasses.is_dataclass(f.default_factory):
+            out[f.name] = declared_defaults(f.default_factory)
+        else:
+            out[f.name] = f.default_factory()
+    return out

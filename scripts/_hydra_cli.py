@@ -39,7 +39,7 @@ from omegaconf.errors import (
 
 from nanoattn.config import PRESETS
 from nanoattn.runtime import keep_freed_memory
-from nanoattn.validation import from_dict
+from nanoattn.validation import declared_defaults, from_dict
 
 # Absolute: hydra.main resolves a relative path against the module that calls it, which is this one.
 CONFIG_PATH = str(Path(__file__).resolve().parent.parent / "configs")
@@ -51,19 +51,6 @@ OPEN_MAPPINGS = ("rope_scaling.",)
 # ``${pid:}`` in a default out_dir: runs started in the same second by different processes get
 # different directories (under torchrun rank 0's is the one used; the others' empty ones are removed).
 OmegaConf.register_new_resolver("pid", os.getpid)
-
-
-def declared_defaults(cls: type) -> dict[str, Any]:
-    """{field: its declared default} for dataclass ``cls``, nested dataclasses as dicts."""
-    out: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):
-        if f.default is not dataclasses.MISSING:
-            out[f.name] = f.default
-        elif dataclasses.is_dataclass(f.default_factory):
-            out[f.name] = declared_defaults(f.default_factory)
-        else:
-            out[f.name] = f.default_factory()
-    return out
 
 
 _SCHEMAS: list[dict[str, Any]] = []  # what register_schema stored, to name the allowed keys in errors

@@ -8,11 +8,12 @@ extension sets, the rest is the checkpoint's) and calls ``nanoattn.train.extend.
 A user mistake ends in one ``error: ...`` line, not a traceback.
 """
 
-from _hydra_cli import declared_defaults, training_command
+from _hydra_cli import training_command
 
 from nanoattn.config import RunConfig
 from nanoattn.train import TrainingDiverged
 from nanoattn.train.extend import EXTENSION_FIELDS, extend_context
+from nanoattn.validation import declared_defaults
 
 main = training_command("extend_context",
                         {**declared_defaults(RunConfig), "model": dict.fromkeys(EXTENSION_FIELDS)},

@@ -7,10 +7,11 @@ under ``torchrun`` (DDP) and ``-m`` (sweeps). The run directory is Hydra's outpu
 ``error: ...`` line, not a traceback.
 """
 
-from _hydra_cli import declared_defaults, training_command
+from _hydra_cli import training_command
 
 from nanoattn.config import RunConfig
 from nanoattn.train import TrainingDiverged, train
+from nanoattn.validation import declared_defaults
 
 main = training_command("train", declared_defaults(RunConfig), train, (TrainingDiverged,))
 

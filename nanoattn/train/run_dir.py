@@ -31,6 +31,7 @@ from nanoattn.checkpoint import (
 from nanoattn.config import ModelConfig, RunConfig
 from nanoattn.data import TokenData, load_tokenizer
 from nanoattn.runtime import write_atomic
+from nanoattn.validation import declared_defaults
 
 # Keys that may differ between a run and its resumption: where and how long it runs, how it is
 # watched, and how fast it computes. Everything else (model, data, optimisation, seed) must match.
@@ -60,8 +61,12 @@ def _same(a: Any, b: Any) -> bool:
 
 
 def check_same_run(saved: dict[str, Any], current: dict[str, Any], where: Path) -> None:
-    """Raise a one-line ValueError naming the keys where ``current`` differs from the run in ``where``."""
-    old, new = _flatten(saved), _flatten(current)
+    """Raise a one-line ValueError naming the keys where ``current`` differs from the run in ``where``.
+
+    A key ``saved`` lacks is a field added after that run started; a new field's declared default
+    is the behaviour from before it existed, so the run had that value and resumes under it.
+    """
+    old, new = {**_flatten(declared_defaults(RunConfig)), **_flatten(saved)}, _flatten(current)
     differ = [k for k in sorted(set(old) | set(new))
               if not any(k == m or (m.endswith(".") and k.startswith(m)) for m in RESUME_MAY_CHANGE)
               and not _same(old.get(k), new.get(k))]

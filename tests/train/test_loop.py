@@ -139,6 +139,23 @@ def test_resuming_a_different_run_names_the_differing_key(tmp_path, tiny_config)
     assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["000006", "latest"]
 
 
+def test_a_run_written_before_a_field_existed_resumes_under_its_declared_default(tmp_path, tiny_config,
+                                                                                  compare_runs):
+    """A config.yaml from an older version lacks the newer keys; the run had their defaults."""
+    def config(name, **fields):  # a constant rate: the 4-step run continued to 8 is the 8-step run
+        return tiny_config(tmp_path / name, ckpt_interval=4, schedule="constant", **fields)
+
+    reference = train(config("reference", max_steps=8))
+    train(config("run", max_steps=4))
+    saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    del saved["model"]["value_embeds"], saved["train"]["head_lr_scale"]
+    (tmp_path / "run" / "config.yaml").write_text(yaml.safe_dump(saved))
+    with pytest.raises(ValueError, match=r"different run: .*train\.head_lr_scale=1\.0 there, 0\.5 now"):
+        train(config("run", resume=True, max_steps=8, head_lr_scale=0.5, model={"tie_embeddings": False}))
+    train(config("run", resume=True, max_steps=8))
+    compare_runs(tmp_path / "run", reference, 1e-6)
+
+
 def test_a_fresh_run_never_overwrites_an_existing_run(tmp_path, tiny_config):
     train(tiny_config(tmp_path / "run", max_steps=4))
     before = (tmp_path / "run" / "checkpoints" / "000004" / "model.safetensors").read_bytes()
