@@ -54,13 +54,14 @@ def test_sigkill_after_a_checkpoint_then_resume_equals_the_uninterrupted_run(tmp
     compare_runs(run_dir, reference, 1e-6)
 
 
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
 def test_two_process_ddp_matches_one_process_with_the_same_global_batch_and_resumes(
-        tmp_path, tiny_config, as_overrides, compare_runs):
+        tmp_path, tiny_config, as_overrides, compare_runs, optimizer):
     # Rank r takes the r-th slice of one global draw of windows, so 2 ranks x 2 sequences see
     # the 4 sequences of one process: the same losses (up to float summation order) prove that
     # the ranks saw different data and that DDP averaged their gradients.
     options = dict(batch_size=2, max_steps=4, eval_interval=2, ckpt_interval=2, log_interval=1,
-                   schedule="constant")
+                   schedule="constant", optimizer=optimizer)
     args = [a for a in as_overrides(tiny_config(tmp_path, **options)) if not a.startswith("out_dir=")]
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                 os.path.join(SCRIPT_DIR, "train.py")]
@@ -74,7 +75,9 @@ def test_two_process_ddp_matches_one_process_with_the_same_global_batch_and_resu
                               "train.max_steps=6"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr
     reference = train(tiny_config(tmp_path / "reference", **{**options, "batch_size": 4, "max_steps": 6}))
-    compare_runs(run_dir, reference, 1e-5)
+    # Muon orthogonalises in bf16, where two summation orders of one gradient can round apart (2e-5
+    # in grad_norm by step 6 here); its state's exact resume is test_loop's SIGTERM test, in-process.
+    compare_runs(run_dir, reference, 1e-5 if optimizer == "adamw" else 1e-4)
 
 
 def test_wandb_without_login_runs_offline_under_the_run_dir(tmp_path, tiny_config, as_overrides, run_script):
