@@ -162,6 +162,18 @@ def test_train_steps_all_three_with_the_recipes_optimizer(monkeypatch):
     assert all(isinstance(optimizer, torch.optim.AdamW) for _, optimizer in stepped.values())
 
 
+def test_profile_splits_the_recipes_step_by_kind_of_work():
+    """The default run's step (Muon) unless train_recipe says otherwise; every op's time counted once."""
+    for train_recipe, optimizer in ((None, "muon"), ([], "adamw")):
+        options = {} if train_recipe is None else {"train_recipe": train_recipe}
+        rows = run_sections(["profile"], tiny_config(**options))["profile"]
+        assert {r["optimizer"] for r in rows} == {optimizer}
+        assert {r["shape"] for r in rows} == {"d128 L4 H4/2 ff384 V2048 B8 T256"}  # the run's, not `model`
+        assert sum(r["share"] for r in rows) == pytest.approx(1.0)
+        assert {"attention", "matmul", "optimizer"} <= {r["kind"] for r in rows}
+        assert [r["ms_per_step"] for r in rows] == sorted((r["ms_per_step"] for r in rows), reverse=True)
+
+
 def test_run_rate_leaves_out_the_first_window(tmp_path):
     write_run(tmp_path / "run", [10.0, 500.0, 300.0, 400.0])
     cfg, rate, windows = read_run_rate(tmp_path / "run")
