@@ -12,6 +12,7 @@ VARIANTS = {
     "diff_attn": dict(diff_attn=True),  # 4 heads and 2 K/V heads: 2 pairs over 1 K/V pair
     "mla": dict(mla_kv_rank=12, mla_q_rank=20, mla_rope_dim=4, n_kv_head=4),  # latent attention is MHA
     "value_embeds": dict(value_embeds=1),  # one table, shared by the first and the last layer
+    "token_shift": dict(token_shift=True),
 }
 # Variants defined only for encodings without an attention bias, or only for RoPE: refused otherwise.
 NO_BIAS = {"diff_attn"}

@@ -46,6 +46,7 @@ BENCH_ATTENTION: dict[str, dict[str, Any]] = {
     # Latent attention over all heads (n_kv_head None = n_head), a rank of a third of d_model at 384.
     "mla rank 128": dict(mla_kv_rank=128, mla_rope_dim=32, n_kv_head=None),
     "value_embeds 1": dict(value_embeds=1),  # one table, first and last layer: fits any depth >= 2
+    "token_shift": dict(token_shift=True),
 }
 
 

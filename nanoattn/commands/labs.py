@@ -62,7 +62,7 @@ LAB_SCALINGS = tuple({"type": kind, "factor": factor} for kind, factor in
 LAB_DOC = "extrapolation.md"  # both labs' tables, between their markers
 # The attention lab's rows: configs/attention/<name>.yaml each; runs land in runs/attention/<name>.
 ATTENTION_VARIANTS = ("plain", "qk_norm", "qk_norm_after", "softcap", "sinks", "window", "local_global",
-                      "diff", "mla", "value_embeds")
+                      "diff", "mla", "value_embeds", "token_shift")
 ATTENTION_DOC = "attention.md"
 
 # The task lab's default set, the two papers it reproduces: Kazemnejad et al.'s encodings (NoPE, T5's

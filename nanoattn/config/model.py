@@ -75,6 +75,9 @@ class ModelConfig:
     attn_softcap: float | None = None  # Gemma 2: scores q.k/sqrt(d) -> cap * tanh(scores / cap) (50.0)
     logit_softcap: float | None = None  # Gemma 2: output logits -> cap * tanh(logits / cap) (30.0)
     value_embeds: int = 0  # modded-nanogpt: token tables mixed into the values of the first and last layers
+    # Token shift (RWKV, modded-nanogpt's smear): each token's embedding plus a learned per-channel gate
+    # (from 0) times its predecessor's, so the first layer sees the previous token without attention.
+    token_shift: bool = False
     norm: str = "rmsnorm"  # layernorm | rmsnorm
     norm_eps: float = 1e-5
     mlp: str = "swiglu"  # gelu | swiglu | relu2 (two matrices, ReLU squared: Primer, modded-nanogpt)
@@ -99,6 +102,7 @@ class ModelConfig:
         check_choice(own, "norm", self.norm, NORMS)
         check_choice(own, "qk_norm", self.qk_norm, QK_NORMS)
         check_bool(own, "attn_sinks", self.attn_sinks)
+        check_bool(own, "token_shift", self.token_shift)
         self._check_diff_attn()
         self._check_mla()
         self._check_sliding_window()

@@ -26,6 +26,8 @@ class _LayerBuffers:
 
     k: list[torch.Tensor]
     v: list[torch.Tensor]
+    # With token_shift: the newest cached token's embedding [B, 1, d_model], the next token's predecessor.
+    last_embedding: torch.Tensor | None = None
 
     def _allocate(self, cfg, batch_size: int, slots: list[int], device, dtype: torch.dtype,
                   what: str) -> None:

@@ -48,6 +48,7 @@ class GPT(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.shift_gate = nn.Parameter(torch.zeros(cfg.d_model)) if cfg.token_shift else None
         self.value_emb = nn.ModuleList(nn.Embedding(cfg.vocab_size, cfg.n_kv_head * cfg.head_dim)
                                        for _ in range(cfg.value_embeds))
         self.pos = build_positional(cfg)
@@ -90,7 +91,10 @@ class GPT(nn.Module):
         seq_len = start + T
         self.pos.check_length(seq_len)
         positions = torch.arange(start, seq_len, device=idx.device)  # [T]
-        x = self.pos.embed(self.tok_emb(idx), positions)  # [B, T, d_model]
+        x = self.tok_emb(idx)  # [B, T, d_model]
+        if self.shift_gate is not None:
+            x = self._shift_tokens(x, cache)
+        x = self.pos.embed(x, positions)
         x = dropout(x, self.cfg.dropout, self.training)
         value_embeds = [table(idx) for table in self.value_emb]  # [B, T, n_kv_head * head_dim] each
         all_weights = []
@@ -104,6 +108,17 @@ class GPT(nn.Module):
         if cache is not None:
             cache.length = seq_len
         return self.norm(x), all_weights
+
+    def _shift_tokens(self, x: torch.Tensor, cache: KVCache | StreamingCache | None) -> torch.Tensor:
+        """x_t + gate * x_{t-1} over token embeddings x [B, T, d_model]. The first token's predecessor
+        is the newest token the cache holds (none: zeros), which the cache keeps for the next call."""
+        if cache is None or cache.length == 0:
+            first = x.new_zeros(x.shape[0], 1, x.shape[2])
+        else:
+            first = cache.last_embedding
+        if cache is not None:
+            cache.last_embedding = x[:, -1:]
+        return x + self.shift_gate * torch.cat([first, x[:, :-1]], dim=1)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final hidden states [..., d_model] -> logits [..., vocab_size], soft-capped if configured

@@ -475,3 +475,34 @@ def test_value_embeddings_mix_token_rows_into_the_values_as_a_v_plus_b_e():
     embedded.train().loss(idx[:, :-1], idx[:, 1:]).backward()
     assert embedded.value_emb[0].weight.grad.abs().sum() > 0
     assert embedded.blocks[3].attn.value_mix.grad.abs().sum() > 0
+
+
+def test_token_shift_adds_the_gated_previous_embedding_and_starts_as_the_plain_model():
+    """Reference: the plain model with a hook on its token table rewriting each row e_t to
+    e_t + g * e_{t-1} (e_{-1} = 0); the same weights must give the same logits."""
+    torch.manual_seed(0)
+    fields = dict(vocab_size=40, d_model=32, n_layer=2, n_head=4, n_kv_head=2, max_seq_len=16, pos="learned")
+    shifted = GPT(ModelConfig(**fields, token_shift=True)).eval()
+    plain = GPT(ModelConfig(**fields)).eval()
+    missing, unexpected = plain.load_state_dict(shifted.state_dict(), strict=False)
+    assert not missing and unexpected == ["shift_gate"]
+    idx = torch.randint(0, 40, (2, 16))
+    with torch.no_grad():
+        torch.testing.assert_close(shifted(idx), plain(idx))  # the gate starts at 0: the plain model
+        shifted.shift_gate.normal_()
+        gate = shifted.shift_gate.clone()
+        handle = plain.tok_emb.register_forward_hook(
+            lambda module, inputs, e: e + gate * torch.nn.functional.pad(e[:, :-1], (0, 0, 1, 0)))
+        expected = plain(idx)
+        handle.remove()
+        assert not torch.allclose(plain(idx), expected, atol=1e-3)  # the shift changed the function
+        torch.testing.assert_close(shifted(idx), expected)
+    shifted.train().loss(idx[:, :-1], idx[:, 1:]).backward()
+    assert shifted.shift_gate.grad.abs().sum() > 0
+
+
+def test_token_shift_refuses_what_is_not_a_bool():
+    message = "^model.token_shift='yes' is invalid: must be true or false$"
+    with pytest.raises(ValueError, match=message) as info:
+        ModelConfig(token_shift="yes")
+    assert "\n" not in str(info.value)

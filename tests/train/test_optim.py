@@ -27,7 +27,8 @@ def _names(model, params):
 @pytest.mark.parametrize("pos,tie,value_embeds", [("learned", True, 0), ("rope", False, 1)])
 def test_only_matmul_weights_decay_by_default(pos, tie, value_embeds):
     cfg = ModelConfig(vocab_size=64, d_model=32, n_layer=2, n_head=2, d_ff=64, max_seq_len=16, pos=pos,
-                      norm="layernorm", mlp="gelu", bias=True, tie_embeddings=tie, value_embeds=value_embeds)
+                      norm="layernorm", mlp="gelu", bias=True, tie_embeddings=tie, value_embeds=value_embeds,
+                      token_shift=not tie)
     model = GPT(cfg)
     decay, keep = param_groups(model, 0.1)
     assert decay["weight_decay"] == 0.1 and keep["weight_decay"] == 0.0
@@ -46,6 +47,8 @@ def test_only_matmul_weights_decay_by_default(pos, tie, value_embeds):
         assert "lm_head.weight" in decayed
     if value_embeds:  # the tables are embeddings and their mixes scalars
         assert {"value_emb.0.weight", "blocks.0.attn.value_mix", "blocks.1.attn.value_mix"} <= kept
+    if cfg.token_shift:  # a gain: decay would pull it to 0, i.e. no shift
+        assert "shift_gate" in kept
 
 
 def test_decay_embeddings_moves_embeddings_to_the_decayed_group():
@@ -148,7 +151,7 @@ def test_muon_and_adamw_step_together_with_their_learning_rates_and_one_state_di
 
 def test_embedding_and_head_rates_are_set_apart_and_a_tied_head_follows_the_token_table():
     fields = dict(vocab_size=64, d_model=32, n_layer=2, n_head=4, n_kv_head=2, max_seq_len=16, pos="learned",
-                  value_embeds=1)
+                  value_embeds=1, token_shift=True)
     untied = GPT(ModelConfig(**fields, tie_embeddings=False))
     opt = make_optimizer(untied, lr=1e-2, weight_decay=0.1, betas=(0.9, 0.95), decay_embeddings=False,
                          device=torch.device("cpu"), optimizer="muon", muon_lr_scale=2.0,
@@ -161,6 +164,7 @@ def test_embedding_and_head_rates_are_set_apart_and_a_tied_head_follows_the_toke
     assert scale["lm_head.weight"] == 0.5 and decay["lm_head.weight"] == 0.1  # the head still decays
     assert {n for n, s in scale.items() if s == 2.0} == _names(untied, muon_params(untied))
     assert all(s == 1.0 for n, s in scale.items() if "norm" in n or "value_mix" in n)
+    assert scale["shift_gate"] == 1.0 and decay["shift_gate"] == 0.0  # a gain, not an embedding
 
     tied = GPT(ModelConfig(**fields))
     groups = scaled_groups(tied, param_groups(tied, 0.1), embedding_lr_scale=10.0)
