@@ -37,6 +37,7 @@ from nanoattn.bench import (
 )
 from nanoattn.bench.bare import BareGPT
 from nanoattn.bench.speedrun import recipe, scores, time_to, training_curve, value_at
+from nanoattn.bench.train import TwinLoss, training_twin
 from nanoattn.bench.variants import BENCH_ATTENTION
 from nanoattn.config import ModelConfig, RunConfig, preset
 from nanoattn.positional import REGISTRY
@@ -296,13 +297,21 @@ def test_speedrun_recipes_are_the_first_rounds_run_with_overrides():
         BenchConfig(speedrun_candidate=["muon"])
 
 
-def test_the_bare_reference_computes_gpts_loss_from_its_weights_and_refuses_other_blocks():
-    cfg = ModelConfig(vocab_size=64, d_model=32, n_layer=2, n_head=4, n_kv_head=2, max_seq_len=16)
+@pytest.mark.parametrize("token_shift", [False, True])
+def test_the_bare_reference_and_the_twin_compute_gpts_loss_from_its_weights(token_shift):
+    """A gate drawn away from its initial 0, so that the shift is in the function compared."""
+    cfg = ModelConfig(vocab_size=64, d_model=32, n_layer=2, n_head=4, n_kv_head=2, max_seq_len=16,
+                      tie_embeddings=False, token_shift=token_shift)
     ours = GPT(cfg)
+    if token_shift:
+        with torch.no_grad():
+            ours.shift_gate.normal_()
     bare = BareGPT(cfg)
     bare.load_state_dict(ours.state_dict())
     x, y = torch.randint(0, 64, (2, 16)), torch.randint(0, 64, (2, 16))
-    torch.testing.assert_close(bare(x, y), ours.loss(x, y))
+    with torch.no_grad():
+        torch.testing.assert_close(bare(x, y), ours.loss(x, y))
+        torch.testing.assert_close(TwinLoss(training_twin(ours, torch.device("cpu")))(x, y), ours.loss(x, y))
     with pytest.raises(ValueError, match=r"model.pos='alibi' is outside the bare reference"):
         BareGPT(ModelConfig(vocab_size=64, d_model=32, n_layer=1, n_head=4, pos="alibi"))
 

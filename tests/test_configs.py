@@ -64,8 +64,9 @@ def test_the_model_group_is_the_presets_and_nothing_else():
 @pytest.mark.parametrize("name", sorted(PRESETS))
 def test_each_model_option_equals_its_preset(name):
     assert _run_config([f"model={name}", "recipe=adamw"]).model == preset(name)
-    # The default recipe unties the head (its rate is set apart) and changes nothing else of the model.
-    assert _run_config([f"model={name}"]).model == dataclasses.replace(preset(name), tie_embeddings=False)
+    # The default recipe unties the head (its rate is set apart), adds token shift and changes nothing else.
+    assert _run_config([f"model={name}"]).model == dataclasses.replace(preset(name), tie_embeddings=False,
+                                                                        token_shift=True)
 
 
 @pytest.mark.parametrize("pos", _names("pos"))
@@ -131,8 +132,22 @@ def test_the_default_run_is_the_default_recipe_and_adamw_is_the_first_rounds():
     bench = BenchConfig()
     assert bench.speedrun_candidate == bench.train_recipe  # speedrun trains it, train and profile step it
     assert default == run(recipe(bench.train_recipe))
-    assert (default.train.optimizer, default.model.tie_embeddings) == ("muon", False)
+    model = default.model
+    assert (default.train.optimizer, model.tie_embeddings, model.token_shift) == ("muon", False, True)
     assert run(_run_config(["recipe=adamw"])) == run(recipe([]))
+
+
+@pytest.mark.parametrize("experiment", ["extrapolation", "attention", "passkey", "pos_sweep"])
+def test_the_position_labs_train_the_default_recipe_without_token_shift(experiment):
+    """Token shift is a position signal of its own; the labs measure each encoding alone."""
+    default, lab = _values([]), _values([f"experiment={experiment}", "pos=rope"])
+    assert lab["model"]["token_shift"] is False and default["model"]["token_shift"] is True
+    recipe_keys = ("optimizer", "lr", "embedding_lr_scale", "head_lr_scale")
+    if experiment != "passkey":  # its fine-tune keeps its own rate
+        assert {k: lab["train"][k] for k in recipe_keys} == {k: default["train"][k] for k in recipe_keys}
+    # A row of the attention lab, and a user's override, still switch it on.
+    assert _values(["experiment=attention", "attention=token_shift"])["model"]["token_shift"] is True
+    assert _values([f"experiment={experiment}", "pos=rope", "model.token_shift=true"])["model"]["token_shift"]
 
 
 @pytest.mark.parametrize("task", _names("task"))

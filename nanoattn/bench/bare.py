@@ -1,12 +1,12 @@
 """The bare reference of the ``train`` section: the default block written as plainly as PyTorch allows.
 
 Fused QKV, RoPE from a cos/sin table, SDPA with ``is_causal`` (grouped K/V through
-``enable_gqa``), RMSNorm, SwiGLU, a tied or untied head and cross-entropy: no registry, no
-cache, no checks, no hooks. Its parameter names are GPT's, so it loads a GPT's weights, and from
-the same weights it computes the same loss (the section reports both initial losses): the same
-function and the same FLOPs, whatever nanoattn's machinery costs around them. It covers the
-default family (RoPE on every dim, RMSNorm, SwiGLU, no bias, plain attention) and refuses
-anything else in one line.
+``enable_gqa``), RMSNorm, SwiGLU, a tied or untied head, token shift if the model has it, and
+cross-entropy: no registry, no cache, no checks, no hooks. Its parameter names are GPT's, so it
+loads a GPT's weights, and from the same weights it computes the same loss (the section reports
+both initial losses): the same function and the same FLOPs, whatever nanoattn's machinery costs
+around them. It covers the default family (RoPE on every dim, RMSNorm, SwiGLU, no bias, plain
+attention) and refuses anything else in one line.
 """
 
 from __future__ import annotations
@@ -66,6 +66,7 @@ class BareGPT(nn.Module):
                                  f"(it implements {field}={plain!r})")
         self.cfg = cfg
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.shift_gate = nn.Parameter(torch.zeros(cfg.d_model)) if cfg.token_shift else None
         self.blocks = nn.ModuleList(BareBlock(cfg) for _ in range(cfg.n_layer))
         self.norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
@@ -79,6 +80,8 @@ class BareGPT(nn.Module):
             angles = torch.outer(torch.arange(x.shape[1], device=x.device).float(), self.inv_freq)
         cos, sin = angles.cos(), angles.sin()
         h = self.tok_emb(x)
+        if self.shift_gate is not None:
+            h = h + self.shift_gate * F.pad(h[:, :-1], (0, 0, 1, 0))
         for block in self.blocks:
             h = block(h, cos, sin)
         logits = self.lm_head(self.norm(h))

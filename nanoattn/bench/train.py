@@ -23,10 +23,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Mapping
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from nanoattn.bench.bare import BareGPT
@@ -66,13 +68,27 @@ def _stepper(net: nn.Module, model: nn.Module, batch: tuple[torch.Tensor, torch.
     return step
 
 
+def training_twin(model: GPT, device: torch.device) -> nn.Module:
+    """transformers' model with ``model``'s weights. Token shift, which no transformers class has, is
+    a hook on its token embeddings: right for whole sequences (a training step), not cached decoding."""
+    if not model.cfg.token_shift:
+        return transformers_twin(model, device)
+    plain = GPT(dataclasses.replace(model.cfg, token_shift=False))
+    plain.load_state_dict({name: p for name, p in model.state_dict().items() if name != "shift_gate"})
+    twin = transformers_twin(plain, device)
+    twin.shift_gate = nn.Parameter(model.shift_gate.detach().clone().to(device))
+    twin.get_input_embeddings().register_forward_hook(
+        lambda module, inputs, e: e + twin.shift_gate * F.pad(e[:, :-1], (0, 0, 1, 0)))
+    return twin
+
+
 def train_rows(cfg: BenchConfig) -> list[Row]:
     device = cfg.torch_device()
     run = recipe(cfg.train_recipe, base_model=cfg.model)
     torch.manual_seed(0)
     with device:
         ours = GPT(run.model).train()
-    theirs = transformers_twin(ours, device).train()
+    theirs = training_twin(ours, device).train()
     bare = BareGPT(run.model).to(device).train()
     bare.load_state_dict(ours.state_dict())
     B, T = cfg.batch_size, cfg.seq_len
