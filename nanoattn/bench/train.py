@@ -28,7 +28,6 @@ import time
 from collections.abc import Callable, Mapping
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from nanoattn.bench.bare import BareGPT
@@ -37,6 +36,7 @@ from nanoattn.bench.speedrun import recipe
 from nanoattn.bench.twin import transformers_twin
 from nanoattn.config import TrainConfig
 from nanoattn.model import GPT
+from nanoattn.model.gpt import shift_tokens
 from nanoattn.runtime import autocast, autocast_dtype, synchronize
 from nanoattn.train.optim import optimizer_for
 from nanoattn.train.step import optimizer_step, wrap_for_training
@@ -77,8 +77,8 @@ def training_twin(model: GPT, device: torch.device) -> nn.Module:
     plain.load_state_dict({name: p for name, p in model.state_dict().items() if name != "shift_gate"})
     twin = transformers_twin(plain, device)
     twin.shift_gate = nn.Parameter(model.shift_gate.detach().clone().to(device))
-    twin.get_input_embeddings().register_forward_hook(
-        lambda module, inputs, e: e + twin.shift_gate * F.pad(e[:, :-1], (0, 0, 1, 0)))
+    embeddings = twin.get_input_embeddings()
+    embeddings.register_forward_hook(lambda module, inputs, e: shift_tokens(e, twin.shift_gate))
     return twin
 
 

@@ -27,6 +27,12 @@ LOSS_CHUNK_ELEMENTS = 1 << 22
 IGNORE_INDEX = -100
 
 
+def shift_tokens(x: torch.Tensor, gate: torch.Tensor, first: torch.Tensor | None = None) -> torch.Tensor:
+    """x_t + gate * x_{t-1} over x [B, T, D] (``model.token_shift``); x_{-1} is ``first`` [B, 1, D], or 0."""
+    previous = F.pad(x[:, :-1], (0, 0, 1, 0)) if first is None else torch.cat([first, x[:, :-1]], dim=1)
+    return x + gate * previous
+
+
 class Block(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int) -> None:
         super().__init__()
@@ -110,15 +116,12 @@ class GPT(nn.Module):
         return self.norm(x), all_weights
 
     def _shift_tokens(self, x: torch.Tensor, cache: KVCache | StreamingCache | None) -> torch.Tensor:
-        """x_t + gate * x_{t-1} over token embeddings x [B, T, d_model]. The first token's predecessor
-        is the newest token the cache holds (none: zeros), which the cache keeps for the next call."""
-        if cache is None or cache.length == 0:
-            first = x.new_zeros(x.shape[0], 1, x.shape[2])
-        else:
-            first = cache.last_embedding
+        """Token shift over the token embeddings x [B, T, d_model]. The first token's predecessor is
+        the newest token the cache holds (none: zeros), which the cache keeps for the next call."""
+        first = None if cache is None or cache.length == 0 else cache.last_embedding
         if cache is not None:
             cache.last_embedding = x[:, -1:]
-        return x + self.shift_gate * torch.cat([first, x[:, :-1]], dim=1)
+        return shift_tokens(x, self.shift_gate, first)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final hidden states [..., d_model] -> logits [..., vocab_size], soft-capped if configured
