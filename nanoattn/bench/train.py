@@ -10,7 +10,8 @@
   training loop runs (forward under autocast, backward, global-norm clipping, the optimizer), with
   the optimizer ``nanoattn.train.optim.optimizer_for`` builds for the ``train_recipe``'s run (by default
   the default run's: Muon for every linear layer's matrix but the head, AdamW for the rest, an
-  untied head). transformers' Llama keeps q, k, v and the MLP's gate and up as separate matrices,
+  untied head, token shift, which transformers' Llama gets as a hook: ``training_twin``).
+  transformers' Llama keeps q, k, v and the MLP's gate and up as separate matrices,
   so Muon orthogonalises seven matrices a layer there against four in nanoattn and the bare block:
   the same FLOPs forward and backward, more small ones in the optimizer. nanoattn's loss module is
   ``wrap_for_training``'s, as in training; transformers' is ``TwinLoss``; each is compiled the
