@@ -25,7 +25,7 @@ def model(pos: str = "rope", n_layer: int = 1, **fields) -> GPT:
     net = GPT(cfg).eval()
     with torch.no_grad():  # parameters that start neutral must act
         for name, p in net.named_parameters():
-            if name.startswith("pos.") or "qk_norm" in name:
+            if name.startswith("pos.") or "qk_norm" in name or name == "shift_gate":
                 p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(2)) * 0.1)
     return net
 
@@ -52,8 +52,10 @@ def test_one_layer_streaming_equals_recomputing_sinks_and_window_at_cache_positi
     assert decoding.idx.shape[1] == PROMPT + 40  # 45 tokens through an 8-token cache
 
 
-def test_a_stream_that_fits_the_cache_is_plain_cached_decoding():
-    net = model(n_layer=3)
+@pytest.mark.parametrize("token_shift", [False, True])
+def test_a_stream_that_fits_the_cache_is_plain_cached_decoding(token_shift):
+    """With token shift, each piece's first token takes its predecessor from the streaming cache."""
+    net = model(n_layer=3, token_shift=token_shift)
     # The cache is exactly full at the last step.
     streamed = Decoding(net, prompt(), 15, temperature=0, streaming=(SINKS, PROMPT + 15 - SINKS))
     plain = Decoding(net, prompt(), 15, temperature=0)
