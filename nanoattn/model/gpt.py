@@ -120,7 +120,7 @@ class GPT(nn.Module):
         the newest token the cache holds (none: zeros), which the cache keeps for the next call."""
         first = None if cache is None or cache.length == 0 else cache.last_embedding
         if cache is not None:
-            cache.last_embedding = x[:, -1:]
+            cache.last_embedding = x[:, -1:].clone()  # a view would keep the whole prefill's embeddings alive
         return shift_tokens(x, self.shift_gate, first)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
