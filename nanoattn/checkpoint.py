@@ -52,7 +52,7 @@ CHECKPOINTS = "checkpoints"  # <run dir>/checkpoints/<name>/
 FORMAT_VERSION = "1"
 # Model fields a run started with train.init_from takes from its own config; every other field
 # comes from the checkpoint, since the weights fix the shape.
-INIT_OVERRIDABLE = ("max_seq_len", "rope_scaling", "rope_theta", "dropout")
+INIT_OVERRIDABLE = ("max_seq_len", "rope_scaling", "rope_theta", "dropout", "attn_kernel")
 ORIGINAL_KEYS = ("original_max_seq_len", "original_max_position_embeddings")  # ours, transformers'
 
 

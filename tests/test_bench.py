@@ -36,6 +36,7 @@ from nanoattn.bench import (
     run_sections,
 )
 from nanoattn.bench.bare import BareGPT
+from nanoattn.bench.core import DEFAULT_RECIPE
 from nanoattn.bench.speedrun import recipe, scores, time_to, training_curve, value_at
 from nanoattn.bench.train import TwinLoss, training_twin
 from nanoattn.bench.variants import BENCH_ATTENTION
@@ -164,13 +165,19 @@ def test_train_steps_all_three_with_the_recipes_optimizer(monkeypatch):
 
 
 def test_profile_splits_the_recipes_step_by_kind_of_work():
-    """The default run's step (Muon) unless train_recipe says otherwise; every op's time counted once."""
-    for options, optimizer in (({}, "muon"), ({"train_recipe": []}, "adamw")):
+    """The default run's step (Muon) unless train_recipe says otherwise; every op's time counted once.
+    SDPA's kernel is a kind of its own; in bf16 on CPU the default kernel choice is matmuls and a
+    softmax."""
+    bf16 = "train.dtype=bfloat16"
+    for options, optimizer in (({}, "muon"), ({"train_recipe": [bf16, *DEFAULT_RECIPE]}, "muon"),
+                               ({"train_recipe": [bf16, "model.attn_kernel=sdpa"]}, "adamw")):
         rows = run_sections(["profile"], tiny_config(**options))["profile"]
         assert {r["optimizer"] for r in rows} == {optimizer}
         assert {r["shape"] for r in rows} == {"d128 L4 H4/2 ff384 V2048 B8 T256"}  # the run's, not `model`
         assert sum(r["share"] for r in rows) == pytest.approx(1.0)
-        assert {"attention", "matmul", "optimizer"} <= {r["kind"] for r in rows}
+        assert {"matmul", "softmax and loss", "optimizer"} <= {r["kind"] for r in rows}
+        if options:
+            assert ("attention" in {r["kind"] for r in rows}) == ("model.attn_kernel=sdpa" in str(options))
         assert [r["ms_per_step"] for r in rows] == sorted((r["ms_per_step"] for r in rows), reverse=True)
 
 

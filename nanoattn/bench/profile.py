@@ -5,7 +5,8 @@
   ``optimizer_step`` on random tokens, ``reps`` of them under ``torch.profiler`` after two
   untimed ones.
 - Every profiled op's self time (CPU, or CUDA on a GPU) goes to one kind by its name (``KINDS``,
-  first match wins): matmuls, attention (the SDPA kernels), softmax and loss, norms, the
+  first match wins): matmuls, attention (the SDPA kernels; with ``model.attn_kernel=auto`` on CPU
+  in bf16 attention is two matmuls and a softmax, counted under those), softmax and loss, norms, the
   optimizer (its fused and foreach kernels, Muon's orthogonalisation included in its matmuls is
   counted as matmul), casts and copies, fills, elementwise arithmetic (activations, RoPE's
   multiplies, residual adds) and the rest. The rows are milliseconds per step and shares of

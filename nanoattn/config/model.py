@@ -29,6 +29,7 @@ from nanoattn.validation import (
 NORMS = ("layernorm", "rmsnorm")
 MLPS = ("gelu", "swiglu", "relu2")
 QK_NORMS = ("none", "before_rope", "after_rope")
+ATTN_KERNELS = ("auto", "sdpa")
 
 
 @dataclass
@@ -78,6 +79,9 @@ class ModelConfig:
     # Token shift (RWKV, modded-nanogpt's smear): each token's embedding plus a learned per-channel gate
     # (from 0) times its predecessor's, so the first layer sees the previous token without attention.
     token_shift: bool = False
+    # How attention without sinks or a cap is computed, the same function either way: auto (on CPU in
+    # bf16 with up to 512 keys, two bf16 matmuls and a softmax, faster there; else SDPA) | sdpa (always).
+    attn_kernel: str = "auto"
     norm: str = "rmsnorm"  # layernorm | rmsnorm
     norm_eps: float = 1e-5
     mlp: str = "swiglu"  # gelu | swiglu | relu2 (two matrices, ReLU squared: Primer, modded-nanogpt)
@@ -103,6 +107,7 @@ class ModelConfig:
         check_choice(own, "qk_norm", self.qk_norm, QK_NORMS)
         check_bool(own, "attn_sinks", self.attn_sinks)
         check_bool(own, "token_shift", self.token_shift)
+        check_choice(own, "attn_kernel", self.attn_kernel, ATTN_KERNELS)
         self._check_diff_attn()
         self._check_mla()
         self._check_sliding_window()

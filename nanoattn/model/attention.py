@@ -7,6 +7,11 @@ Design:
 - The fast path is ``scaled_dot_product_attention`` with ``enable_gqa`` so K/V are not repeated
   in memory where the kernel supports it. Without a bias and with queries and keys aligned
   it uses ``is_causal`` (flash / memory-efficient kernels, memory linear in T).
+- On CPU in bf16 with up to 512 keys (``attn_kernel='auto'``, the default), the same function is
+  computed as two bf16 matmuls around a softmax (``_attend_explicit`` in bf16): SDPA's flash kernel
+  took 2.8x as long forward and backward at the default training shape (T = 256, head_dim 32) and
+  was faster only from about 1024 keys. The scores are then [B, H, T, <= 512]: memory stays linear
+  in T. ``attn_kernel='sdpa'`` always takes SDPA (the first round's path).
 - An additive bias (ALiBi) or a cached prefix needs an explicit mask. Queries are then
   processed in chunks, so the largest bias ever built is [n_head, chunk, T_k], never
   [n_head, T, T] for long inputs; each chunk attends only to the keys up to its last query,
@@ -46,6 +51,9 @@ from nanoattn.positional.base import PositionalEncoding
 
 # Largest mask/bias chunk, in elements of [B, n_head, chunk, T_k], built at once on the bias path.
 MASK_CHUNK_ELEMENTS = 1 << 22
+# attn_kernel='auto' on CPU in bf16: up to this many keys, two bf16 matmuls and a softmax (measured
+# faster than SDPA's flash kernel up to 512 keys and slower at 1024; docs/training.md).
+BF16_MATMUL_MAX_KEYS = 512
 
 
 def softcap(x: torch.Tensor, cap: float | None) -> torch.Tensor:
@@ -90,6 +98,7 @@ class CausalAttention(nn.Module, abc.ABC):
         self.sinks = nn.Parameter(torch.zeros(cfg.n_head)) if cfg.attn_sinks else None
         self.explicit = self.score_cap is not None or self.sinks is not None  # SDPA cannot compute them
         self.window = cfg.layer_window[layer]  # None: every earlier key
+        self.kernel = cfg.attn_kernel
         # When a tensor (GPT.max_attention_logit sets it), attention runs explicitly in query chunks
         # and keeps the largest |q.k| / sqrt(d) of a visible key here, before any cap.
         self.largest_logit: torch.Tensor | None = None
@@ -148,6 +157,9 @@ class CausalAttention(nn.Module, abc.ABC):
         fused = not pos.adds_bias and not explicit and Dv == D
         if fused and (self.window is None or Tk <= self.window):
             if Tq == Tk:
+                if self._scores_in_bf16(q, Tk):
+                    causal = torch.full((Tk, Tk), float("-inf"), dtype=q.dtype, device=q.device).triu(1)
+                    return self._attend_explicit(q, k, v, causal, q.dtype)[0]
                 return F.scaled_dot_product_attention(q, k, v, is_causal=True, **options)
             if Tq == 1:  # one new token after the cache: it sees every cached key
                 # Each group's query heads become the query rows of its K/V head: no mask, no
@@ -167,12 +179,21 @@ class CausalAttention(nn.Module, abc.ABC):
             q_chunk, k_chunk, v_chunk = q[:, :, start:stop], k[:, :, first:keys], v[:, :, first:keys]
             mask = self._mask(q_chunk, k_chunk, q_positions[start:stop], k_positions[first:keys], pos, layer,
                               torch.float32 if explicit else q.dtype)
-            if not explicit:
+            if explicit:
+                outputs.append(self._attend_explicit(q_chunk, k_chunk, v_chunk, mask)[0])
+            elif self._scores_in_bf16(q, keys - first):
+                outputs.append(self._attend_explicit(q_chunk, k_chunk, v_chunk, mask, q.dtype)[0])
+            else:
                 outputs.append(F.scaled_dot_product_attention(q_chunk, k_chunk, v_chunk, attn_mask=mask,
                                                               **options))
-            else:
-                outputs.append(self._attend_explicit(q_chunk, k_chunk, v_chunk, mask)[0])
         return torch.cat(outputs, dim=2)
+
+    def _scores_in_bf16(self, q: torch.Tensor, keys: int) -> bool:
+        """Whether to attend with two bf16 matmuls and a softmax instead of SDPA (``attn_kernel='auto'``):
+        on CPU in bf16 with up to ``BF16_MATMUL_MAX_KEYS`` keys, where SDPA's flash kernel is slower
+        (module docstring); the scores then take [B, H, Tq, keys] at most 512 keys wide."""
+        return (self.kernel == "auto" and q.device.type == "cpu" and q.dtype == torch.bfloat16
+                and keys <= BF16_MATMUL_MAX_KEYS)
 
     def _mask(self, q, k, q_positions, k_positions, pos, layer, dtype) -> torch.Tensor:
         """Causal (and window) mask plus the encoding's bias: bool [Tq, Tk] or additive [(B,) H, Tq, Tk]."""
@@ -183,17 +204,19 @@ class CausalAttention(nn.Module, abc.ABC):
             return allowed
         return bias.masked_fill(~allowed, float("-inf")).to(dtype)
 
-    def _attend_explicit(self, q, k, v, mask):
-        """softmax(softcap(q.k / sqrt(D)) + mask) @ v, returning the weights [B, H, Tq, Tk] as well.
+    def _attend_explicit(self, q, k, v, mask, dtype=torch.float32):
+        """softmax(softcap(q.k / sqrt(D)) + mask) @ v with the scores in ``dtype``, returning the
+        weights [B, H, Tq, Tk] as well.
 
         Each K/V head's query heads are stacked as rows of one matmul, so K/V are never repeated.
-        With sinks, each head's sink logit is one more column of the softmax, dropped after it: the
-        weights then sum to 1 - the sink's mass.
+        The queries are scaled before it: a pass over [B, H, Tq, D], not over the scores. With sinks,
+        each head's sink logit is one more column of the softmax, dropped after it: the weights then
+        sum to 1 - the sink's mass.
         """
         B, H, Tq, D = q.shape
         Hkv, Tk = k.shape[1], k.shape[2]
-        scores = q.reshape(B, Hkv, -1, D) @ k.transpose(-2, -1)  # [B, Hkv, H / Hkv * Tq, Tk]
-        scores = scores.view(B, H, Tq, Tk).float() / math.sqrt(D)
+        scores = (q / math.sqrt(D)).reshape(B, Hkv, -1, D) @ k.transpose(-2, -1)  # [B, Hkv, H / Hkv * Tq, Tk]
+        scores = scores.view(B, H, Tq, Tk).to(dtype)
         if self.largest_logit is not None:
             visible = mask if mask.dtype == torch.bool else mask > float("-inf")
             largest = scores.abs().masked_fill(~visible, 0).amax()

@@ -39,7 +39,7 @@ from nanoattn.validation import declared_defaults
 RESUME_MAY_CHANGE = ("out_dir", "train.max_steps", "train.resume", "train.eval_interval",
                      "train.eval_steps", "train.log_interval", "train.ckpt_interval", "train.keep_last",
                      "train.compile", "train.device", "train.dtype", "train.batch_size", "data.root",
-                     "logger.")
+                     "model.attn_kernel", "logger.")
 RUN_TOKENIZER = "tokenizer.json"  # <run>/tokenizer.json: the tokenizer the run started with
 RUN_DATA = "data.json"  # <run>/data.json: the prepared data it started from (folder, fingerprint)
 

@@ -144,3 +144,78 @@ def test_sdpa_fast_path_matches_manual_softmax_in_model():
         slow, weights = model.attention_maps(idx)
     torch.testing.assert_close(fast, slow, atol=1e-5, rtol=1e-5)
     assert len(weights) == 2 and weights[0].shape == (2, 4, 16, 16)
+
+
+def _bf16_logits_and_grads(model, idx, targets):
+    """The logits (as float32) and the loss's gradients, flat, under bf16 autocast."""
+    model.zero_grad()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits, loss = model(idx), model.loss(idx, targets)
+    loss.backward()
+    return logits.float(), torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+
+
+@pytest.mark.parametrize("fields", [{}, {"pos": "alibi"}, {"pos": "t5"}, {"diff_attn": True},
+                                    {"sliding_window": 12}, {"mla_kv_rank": 16, "n_kv_head": 4}],
+                         ids=["rope", "alibi", "t5", "diff", "window", "mla"])
+def test_the_bf16_matmul_kernel_is_as_close_to_float32_as_sdpa(fields):
+    """attn_kernel='auto' on CPU in bf16 (two bf16 matmuls and a softmax) against 'sdpa' on the same
+    weights: logits and every gradient as close to the float32 model's as SDPA's are. A wrong mask,
+    group or scale would be off by whole units."""
+    cfg = ModelConfig(**{**dict(vocab_size=64, d_model=64, n_layer=2, n_head=4, n_kv_head=2, max_seq_len=64),
+                         **fields})
+    torch.manual_seed(0)
+    auto = GPT(cfg)
+    sdpa = GPT(ModelConfig.from_dict({**cfg.to_dict(), "attn_kernel": "sdpa"}))
+    sdpa.load_state_dict(auto.state_dict())
+    idx, targets = torch.randint(0, 64, (2, 48)), torch.randint(0, 64, (2, 48))
+    sdpa.zero_grad()
+    exact_logits = sdpa(idx)
+    sdpa.loss(idx, targets).backward()
+    exact_grads = torch.cat([p.grad.flatten() for p in sdpa.parameters() if p.grad is not None])
+    for_auto, for_sdpa = (_bf16_logits_and_grads(m, idx, targets) for m in (auto, sdpa))
+    logit_errors = [(logits - exact_logits).abs().max().item() for logits, _ in (for_auto, for_sdpa)]
+    grad_errors = [((grads - exact_grads).norm() / exact_grads.norm()).item()
+                   for _, grads in (for_auto, for_sdpa)]
+    assert logit_errors[0] <= 2 * logit_errors[1] + 1e-3
+    assert grad_errors[0] <= 2 * grad_errors[1] + 1e-3
+
+
+@pytest.mark.parametrize("kernel, dtype, length, pos, uses_sdpa", [
+    ("auto", torch.bfloat16, 512, "rope", False),   # causal, no bias: the bf16 matmuls
+    ("auto", torch.bfloat16, 256, "alibi", False),  # the bias path's chunk as well
+    ("auto", torch.bfloat16, 513, "rope", True),    # past 512 keys SDPA's flash kernel is faster
+    ("auto", torch.float32, 64, "rope", True),      # in float32 SDPA is faster at every length
+    ("sdpa", torch.bfloat16, 64, "rope", True),
+    ("sdpa", torch.bfloat16, 64, "alibi", True),
+])
+def test_the_attention_kernel_choice(monkeypatch, kernel, dtype, length, pos, uses_sdpa):
+    calls = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                        lambda *args, **kwargs: calls.append(1) or sdpa(*args, **kwargs))
+    cfg = ModelConfig(vocab_size=50, d_model=32, n_layer=2, n_head=4, n_kv_head=2, pos=pos,
+                      max_seq_len=1024, attn_kernel=kernel)
+    model = GPT(cfg).eval()
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
+        model(torch.randint(0, 50, (1, length)))
+    assert len(calls) == (2 if uses_sdpa else 0)
+
+
+def test_bf16_cached_decoding_with_the_matmul_kernel_follows_the_whole_forward():
+    """The prompt goes through the bf16 matmuls, each new token through SDPA: the last logits of
+    cached decoding stay within bf16 rounding of the uncached forward's."""
+    cfg = ModelConfig(vocab_size=50, d_model=32, n_layer=2, n_head=4, n_kv_head=2, max_seq_len=64)
+    model = GPT(cfg).eval()
+    idx = torch.randint(0, 50, (2, 40))
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        whole = model(idx).float()
+        cache = KVCache(cfg, 2, 40, dtype=torch.bfloat16)
+        steps = [model(idx[:, :32], cache=cache)[:, -1]]
+        steps += [model(idx[:, t:t + 1], cache=cache)[:, -1] for t in range(32, 40)]
+    torch.testing.assert_close(torch.stack(steps, 1).float(), whole[:, 31:], atol=0.05, rtol=0.05)
+
+
+def test_attn_kernel_refuses_an_unknown_name():
+    with pytest.raises(ValueError, match=r"^model.attn_kernel='flash' is invalid: allowed: auto \| sdpa$"):
+        ModelConfig(attn_kernel="flash")

@@ -134,8 +134,9 @@ def test_resuming_a_different_run_names_the_differing_key(tmp_path, tiny_config)
         train(tiny_config(tmp_path / "run", resume=True, lr=0.01))
     with pytest.raises(ValueError, match=r"model\.d_model"):
         train(tiny_config(tmp_path / "run", resume=True, model={"d_model": 64}))
-    # keys that may change: a longer run, other intervals
-    train(tiny_config(tmp_path / "run", resume=True, max_steps=6, eval_interval=3, keep_last=1))
+    # keys that may change: a longer run, other intervals, the attention kernel (the same function)
+    train(tiny_config(tmp_path / "run", resume=True, max_steps=6, eval_interval=3, keep_last=1,
+                      model={"attn_kernel": "sdpa"}))
     assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["000006", "latest"]
 
 
@@ -148,7 +149,7 @@ def test_a_run_written_before_a_field_existed_resumes_under_its_declared_default
     reference = train(config("reference", max_steps=8))
     train(config("run", max_steps=4))
     saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
-    del saved["model"]["value_embeds"], saved["train"]["head_lr_scale"]
+    del saved["model"]["value_embeds"], saved["model"]["attn_kernel"], saved["train"]["head_lr_scale"]
     (tmp_path / "run" / "config.yaml").write_text(yaml.safe_dump(saved))
     with pytest.raises(ValueError, match=r"different run: .*train\.head_lr_scale=1\.0 there, 0\.5 now"):
         train(config("run", resume=True, max_steps=8, head_lr_scale=0.5, model={"tie_embeddings": False}))
@@ -209,11 +210,12 @@ def test_init_from_starts_from_the_weights_with_the_context_fields_of_the_new_co
     source = train(tiny_config(tmp_path / "source", max_steps=12))
     source_loss = read_metrics(source / "metrics.jsonl")[-1]["train_loss"]
     cfg = tiny_config(tmp_path / "long", max_steps=2, seq_len=64, init_from=str(source),
-                      model={"d_model": 48, "max_seq_len": 64,
+                      model={"d_model": 48, "max_seq_len": 64, "attn_kernel": "sdpa",
                              "rope_scaling": {"type": "linear", "factor": 2.0}})
     run_dir = train(cfg)
     model = load_checkpoint(run_dir).config
-    assert (model.d_model, model.max_seq_len) == (32, 64)  # shape from the checkpoint, length from cfg
+    # the shape from the checkpoint; the length and the attention kernel from cfg
+    assert (model.d_model, model.max_seq_len, model.attn_kernel) == (32, 64, "sdpa")
     assert model.rope_scaling["original_max_seq_len"] == 32
     first = read_metrics(run_dir / "metrics.jsonl")[0]
     assert first["step"] == 1 and first["train_loss"] < source_loss + 0.5 < math.log(257)
