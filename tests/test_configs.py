@@ -142,9 +142,12 @@ def test_the_position_labs_train_the_default_recipe_without_token_shift(experime
     """Token shift is a position signal of its own; the labs measure each encoding alone."""
     default, lab = _values([]), _values([f"experiment={experiment}", "pos=rope"])
     assert lab["model"]["token_shift"] is False and default["model"]["token_shift"] is True
-    recipe_keys = ("optimizer", "lr", "embedding_lr_scale", "head_lr_scale")
+    # muon_embed: the default recipe's optimizer and rates set apart, at the 2,000-step schedule's lr.
+    labs_recipe = _values(["recipe=muon_embed"])["train"]
+    shared = ("optimizer", "embedding_lr_scale", "head_lr_scale")
+    assert {k: labs_recipe[k] for k in shared} == {k: default["train"][k] for k in shared}
     if experiment != "passkey":  # its fine-tune keeps its own rate
-        assert {k: lab["train"][k] for k in recipe_keys} == {k: default["train"][k] for k in recipe_keys}
+        assert {k: lab["train"][k] for k in (*shared, "lr")} == {k: labs_recipe[k] for k in (*shared, "lr")}
     # A row of the attention lab, and a user's override, still switch it on.
     assert _values(["experiment=attention", "attention=token_shift"])["model"]["token_shift"] is True
     assert _values([f"experiment={experiment}", "pos=rope", "model.token_shift=true"])["model"]["token_shift"]

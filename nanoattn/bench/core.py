@@ -30,10 +30,11 @@ Row = dict[str, Any]
 Section = Callable[["BenchConfig", Mapping[str, list[Row]]], list[Row]]
 SECTIONS: dict[str, Section] = {}  # filled by @section when nanoattn.bench imports the section modules
 TRAIN_DTYPES = ("float32", "bfloat16")  # train measures both; decode and eval take one (bfloat16: autocast)
-# The default recipe, configs/recipe/muon_embed_shift.yaml, as key=value overrides of the first round's
-# default run (speedrun.recipe); tests/test_configs.py checks that the two agree.
-DEFAULT_RECIPE = ("train.optimizer=muon", "train.lr=0.006", "model.tie_embeddings=false",
-                  "train.embedding_lr_scale=10", "train.head_lr_scale=0.3", "model.token_shift=true")
+# The default recipe, configs/recipe/muon_embed_shift_1300.yaml, as key=value overrides of the first
+# round's default run (speedrun.recipe); tests/test_configs.py checks that the two agree.
+DEFAULT_RECIPE = ("train.optimizer=muon", "train.lr=0.01", "model.tie_embeddings=false",
+                  "train.embedding_lr_scale=10", "train.head_lr_scale=0.3", "model.token_shift=true",
+                  "train.max_steps=1300", "train.warmup_steps=50")
 
 
 @dataclass

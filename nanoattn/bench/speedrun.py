@@ -2,9 +2,10 @@
 
 - Both are training runs through ``nanoattn.train.train`` on the default data, built from
   ``RunConfig(model=preset("llama-tiny"))`` (the first round's default run, ``python
-  scripts/train.py recipe=adamw``) plus overrides: ``speedrun_reference`` (none: that run) and
-  ``speedrun_candidate`` (by default the default recipe's, configs/recipe/muon_embed_shift.yaml), each
-  ``key=value`` with the value read as YAML. They run back to back
+  scripts/train.py recipe=adamw``) plus overrides: ``speedrun_reference`` (by default
+  ``model.attn_kernel=sdpa``: that run as the first round ran it) and ``speedrun_candidate`` (by
+  default the default recipe's, configs/recipe/muon_embed_shift_1300.yaml), each ``key=value`` with
+  the value read as YAML. They run back to back
   in this process on the same machine state, each evaluating every ``speedrun_eval_interval``
   steps on the same fixed validation windows.
 - Training time is what each run's metrics say: the sum over its log windows of tokens /

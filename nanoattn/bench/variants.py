@@ -5,8 +5,8 @@ training tokens/s, side by side.
   Llama 4's iRoPE and SmolLM3 use; 1:1 so it fits any depth >= 2), as a ratio to RoPE's.
 - ``attention``: the plain block and each attention variant (QK-norm before and after RoPE, score
   and logit soft-capping at Gemma 2's caps, learned sinks, a 64-token sliding window in every
-  layer, differential attention, multi-head latent attention, value embeddings), as a ratio to the
-  plain block's.
+  layer, differential attention, multi-head latent attention, value embeddings, token shift), as a
+  ratio to the plain block's, and the plain block on SDPA's kernel (``attn_kernel=sdpa``).
 - Each model is the config's shape with random weights, trained through
   ``nanoattn.train.step.optimizer_step`` (the update the training loop runs), one repetition of
   each in turn (``alternate``), so load from other processes hits all alike and the ratios hold
@@ -47,6 +47,9 @@ BENCH_ATTENTION: dict[str, dict[str, Any]] = {
     "mla rank 128": dict(mla_kv_rank=128, mla_rope_dim=32, n_kv_head=None),
     "value_embeds 1": dict(value_embeds=1),  # one table, first and last layer: fits any depth >= 2
     "token_shift": dict(token_shift=True),
+    # The same function on SDPA's kernel: the plain block's own kernel choice, priced (attn_kernel=auto
+    # takes two bf16 matmuls on CPU in bf16 up to 512 keys; elsewhere the two rows are one path).
+    "attn_kernel sdpa": dict(attn_kernel="sdpa"),
 }
 
 
