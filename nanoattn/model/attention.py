@@ -320,6 +320,8 @@ class Attention(CausalAttention):
                                         layer, return_weights)
             outputs.append(y)
             maps.append(weights)
-        y = self.head_norm(outputs[0] - lam * outputs[1]) * (1 - self.lambda_init)
+        # In the norm's dtype, as QKNorm: torch's fused RMSNorm refuses bf16 input with float32 weights.
+        mixed = (outputs[0] - lam * outputs[1]).to(self.head_norm.weight.dtype)
+        y = self.head_norm(mixed) * (1 - self.lambda_init)
         weights = (maps[0] - lam.float() * maps[1]) / (1 - lam.float()) if return_weights else None
         return y.to(q.dtype), weights

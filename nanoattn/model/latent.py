@@ -48,10 +48,16 @@ class LatentAttention(CausalAttention):
     def _qkv(self, x, pos, positions, seq_len, cache, layer, value_embed):
         B, T, _ = x.shape
         H, D, R = self.n_head, self.head_dim, self.rope_dim
-        q = self.q_b(self.q_norm(self.q_a(x))) if self.low_rank_queries else self.q_proj(x)
+        # The norms take their weights' dtype (as QKNorm): torch's fused RMSNorm refuses bf16 input
+        # with float32 weights.
+        if self.low_rank_queries:
+            q = self.q_b(self.q_norm(self.q_a(x).to(self.q_norm.weight.dtype)))
+        else:
+            q = self.q_proj(x)
         q_nope, q_rope = q.view(B, T, H, D + R).transpose(1, 2).split([D, R], dim=-1)  # [B, H, T, D], [.., R]
         latent, k_rope = self.kv_a(x).split([self.rank, R], dim=-1)  # [B, T, rank], [B, T, R]
-        latent, k_rope = self.kv_norm(latent)[:, None], k_rope[:, None]  # one "head" each: [B, 1, T, .]
+        latent = self.kv_norm(latent.to(self.kv_norm.weight.dtype))
+        latent, k_rope = latent[:, None], k_rope[:, None]  # one "head" each: [B, 1, T, .]
         if cache is not None:
             latent, k_rope = cache.update(layer, latent, k_rope)  # every cached token: [B, 1, Tk, .]
         Tk = latent.shape[2]
