@@ -79,8 +79,8 @@ class ModelConfig:
     # Token shift (RWKV, modded-nanogpt's smear): each token's embedding plus a learned per-channel gate
     # (from 0) times its predecessor's, so the first layer sees the previous token without attention.
     token_shift: bool = False
-    # How attention without sinks or a cap is computed, the same function either way: auto (on CPU in
-    # bf16 with up to 512 keys, two bf16 matmuls and a softmax, faster there; else SDPA) | sdpa (always).
+    # How attention is computed, the same function either way: auto (on CPU in bf16 with up to 512 keys,
+    # two bf16 matmuls and a softmax, faster there; else SDPA) | sdpa (SDPA wherever it can compute it).
     attn_kernel: str = "auto"
     norm: str = "rmsnorm"  # layernorm | rmsnorm
     norm_eps: float = 1e-5

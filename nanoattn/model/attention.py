@@ -8,7 +8,8 @@ Design:
   in memory where the kernel supports it. Without a bias and with queries and keys aligned
   it uses ``is_causal`` (flash / memory-efficient kernels, memory linear in T).
 - On CPU in bf16 with up to 512 keys (``attn_kernel='auto'``, the default), the same function is
-  computed as two bf16 matmuls around a softmax (``_attend_explicit`` in bf16): SDPA's flash kernel
+  computed as two bf16 matmuls around a softmax (``_attend_explicit`` in bf16; the score cap and
+  sinks too, whose explicit scores are otherwise float32): SDPA's flash kernel
   took 2.8x as long forward and backward at the default training shape (T = 256, head_dim 32) and
   was faster only from about 1024 keys. The scores are then [B, H, T, <= 512]: memory stays linear
   in T. ``attn_kernel='sdpa'`` always takes SDPA (the first round's path).
@@ -177,12 +178,14 @@ class CausalAttention(nn.Module, abc.ABC):
             keys = Tk - Tq + stop
             first = 0 if self.window is None else max(0, Tk - Tq + start - self.window + 1)
             q_chunk, k_chunk, v_chunk = q[:, :, start:stop], k[:, :, first:keys], v[:, :, first:keys]
+            # bf16 scores where the matmuls beat SDPA, the score cap and sinks included; float32 ones
+            # for the other explicit computations and for the largest logit, a measurement.
+            bf16 = self.largest_logit is None and self._scores_in_bf16(q, keys - first)
             mask = self._mask(q_chunk, k_chunk, q_positions[start:stop], k_positions[first:keys], pos, layer,
-                              torch.float32 if explicit else q.dtype)
-            if explicit:
-                outputs.append(self._attend_explicit(q_chunk, k_chunk, v_chunk, mask)[0])
-            elif self._scores_in_bf16(q, keys - first):
-                outputs.append(self._attend_explicit(q_chunk, k_chunk, v_chunk, mask, q.dtype)[0])
+                              torch.float32 if explicit and not bf16 else q.dtype)
+            if explicit or bf16:
+                scores_dtype = q.dtype if bf16 else torch.float32
+                outputs.append(self._attend_explicit(q_chunk, k_chunk, v_chunk, mask, scores_dtype)[0])
             else:
                 outputs.append(F.scaled_dot_product_attention(q_chunk, k_chunk, v_chunk, attn_mask=mask,
                                                               **options))
@@ -226,7 +229,7 @@ class CausalAttention(nn.Module, abc.ABC):
         if self.sinks is None:
             weights = torch.softmax(scores, dim=-1)
         else:
-            sinks = self.sinks.float().view(1, H, 1, 1).expand(B, H, Tq, 1)
+            sinks = self.sinks.to(scores.dtype).view(1, H, 1, 1).expand(B, H, Tq, 1)
             weights = torch.softmax(torch.cat([scores, sinks], dim=-1), dim=-1)[..., :-1]
         kept = dropout(weights, self.dropout, self.training).to(v.dtype)
         y = kept.view(B, Hkv, -1, Tk) @ v  # [B, Hkv, H / Hkv * Tq, Dv]

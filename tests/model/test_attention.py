@@ -156,8 +156,9 @@ def _bf16_logits_and_grads(model, idx, targets):
 
 
 @pytest.mark.parametrize("fields", [{}, {"pos": "alibi"}, {"pos": "t5"}, {"diff_attn": True},
-                                    {"sliding_window": 12}, {"mla_kv_rank": 16, "n_kv_head": 4}],
-                         ids=["rope", "alibi", "t5", "diff", "window", "mla"])
+                                    {"sliding_window": 12}, {"mla_kv_rank": 16, "n_kv_head": 4},
+                                    {"attn_softcap": 5.0}, {"attn_sinks": True}],
+                         ids=["rope", "alibi", "t5", "diff", "window", "mla", "softcap", "sinks"])
 def test_the_bf16_matmul_kernel_is_as_close_to_float32_as_sdpa(fields):
     """attn_kernel='auto' on CPU in bf16 (two bf16 matmuls and a softmax) against 'sdpa' on the same
     weights: logits and every gradient as close to the float32 model's as SDPA's are. A wrong mask,
@@ -219,3 +220,26 @@ def test_bf16_cached_decoding_with_the_matmul_kernel_follows_the_whole_forward()
 def test_attn_kernel_refuses_an_unknown_name():
     with pytest.raises(ValueError, match=r"^model.attn_kernel='flash' is invalid: allowed: auto \| sdpa$"):
         ModelConfig(attn_kernel="flash")
+
+
+@pytest.mark.parametrize("kernel, measure, scores_dtype", [
+    ("auto", False, torch.bfloat16),  # the cap and the sinks on the bf16 matmul path
+    ("sdpa", False, torch.float32),   # the first round's: explicit scores in float32
+    ("auto", True, torch.float32),    # the largest logit is a measurement: float32
+])
+def test_the_explicit_variants_score_in_bf16_where_the_kernel_choice_says(monkeypatch, kernel, measure,
+                                                                          scores_dtype):
+    seen = []
+    explicit = attention_module.CausalAttention._attend_explicit
+
+    def spy(self, q, k, v, mask, dtype=torch.float32):
+        seen.append(dtype)
+        return explicit(self, q, k, v, mask, dtype)
+
+    monkeypatch.setattr(attention_module.CausalAttention, "_attend_explicit", spy)
+    cfg = ModelConfig(vocab_size=50, d_model=32, n_layer=2, n_head=4, n_kv_head=2, attn_softcap=30.0,
+                      attn_sinks=True, attn_kernel=kernel)
+    model, idx = GPT(cfg).eval(), torch.randint(0, 50, (1, 64))
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        model.max_attention_logit(idx) if measure else model(idx)
+    assert seen and set(seen) == {scores_dtype}

@@ -140,8 +140,8 @@ def test_capped_attention_stays_within_one_chunk_at_a_long_length(monkeypatch):
     built = []
     original = attention_module.Attention._attend_explicit
 
-    def spy(self, q, k, v, mask):
-        y, weights = original(self, q, k, v, mask)
+    def spy(self, *args):
+        y, weights = original(self, *args)
         built.append(weights.numel())
         return y, weights
 
