@@ -12,7 +12,7 @@ Design:
   sinks too, whose explicit scores are otherwise float32): SDPA's flash kernel
   took 2.8x as long forward and backward at the default training shape (T = 256, head_dim 32) and
   was faster only from about 1024 keys. The scores are then [B, H, T, <= 512]: memory stays linear
-  in T. ``attn_kernel='sdpa'`` always takes SDPA (the first round's path).
+  in T. ``attn_kernel='sdpa'`` is the first round's path: SDPA wherever it can compute the variant.
 - An additive bias (ALiBi) or a cached prefix needs an explicit mask. Queries are then
   processed in chunks, so the largest bias ever built is [n_head, chunk, T_k], never
   [n_head, T, T] for long inputs; each chunk attends only to the keys up to its last query,
