@@ -43,6 +43,7 @@ from tokenizers import Tokenizer
 
 from nanoattn.config import ModelConfig
 from nanoattn.model import GPT
+from nanoattn.positional import encodings_with
 from nanoattn.runtime import temporary_sibling, write_atomic
 from nanoattn.validation import is_int
 
@@ -256,10 +257,11 @@ def init_model_config(path: str | Path, run_model: Mapping[str, Any]) -> ModelCo
     scaling = fields.get("rope_scaling")
     if isinstance(scaling, Mapping) and scaling is not (meta.get("model") or {}).get("rope_scaling"):
         fields["rope_scaling"] = with_original_length(scaling, meta)
-    old_len = (meta.get("model") or {}).get("max_seq_len")
-    if fields.get("pos") == "learned" and fields.get("max_seq_len") != old_len:
+    saved = ModelConfig.from_dict(meta.get("model") or {})
+    if saved.length_limit is not None and fields.get("max_seq_len") != saved.max_seq_len:
         raise ValueError(f"model.max_seq_len={fields.get('max_seq_len')!r} is invalid with train.init_from: "
-                         f"the checkpoint's learned position table has {old_len} rows and cannot change")
+                         f"the checkpoint's learned position table has {saved.max_seq_len} rows "
+                         f"(pos={saved.pos!r}) and cannot change")
     return ModelConfig.from_dict(fields)
 
 
@@ -277,12 +279,14 @@ def load_checkpoint(
     path = resolve_checkpoint(path)
     meta = read_checkpoint_config(path)
     model_fields = dict(meta.get("model") or {})
-    if rope_scaling is not None:
-        if model_fields.get("pos") != "rope":
-            raise ValueError(f"rope_scaling={dict(rope_scaling)} needs a RoPE model; checkpoint {path} "
-                             f"has pos={model_fields.get('pos')!r}")
-        model_fields["rope_scaling"] = with_original_length(rope_scaling, meta)
     cfg = ModelConfig.from_dict(model_fields)
+    if rope_scaling is not None:
+        if not cfg.rotary:
+            raise ValueError(f"rope_scaling={dict(rope_scaling)} needs a RoPE model (a rotary encoding in "
+                             f"some layer: {' | '.join(encodings_with('rotary'))}); checkpoint {path} has "
+                             f"pos={cfg.pos!r}")
+        model_fields["rope_scaling"] = with_original_length(rope_scaling, meta)
+        cfg = ModelConfig.from_dict(model_fields)
     with torch.device("meta"):  # shapes without memory: a vocab_size of 1e9 costs nothing here
         check_weights_file(path / "model.safetensors", GPT(cfg))
     with torch.device(device):

@@ -20,6 +20,8 @@ from nanoattn.checkpoint import (
     resolve_checkpoint,
     save_checkpoint,
 )
+from nanoattn.positional import REGISTRY, encodings_with
+from nanoattn.positional.rope_scaling import normalize_rope_scaling
 
 CFG = ModelConfig(vocab_size=64, d_model=32, n_layer=2, n_head=2, d_ff=64, max_seq_len=16)
 
@@ -146,8 +148,53 @@ def test_init_model_config_refuses_a_new_length_for_learned_positions(tmp_path):
     torch.manual_seed(0)
     model = GPT(ModelConfig(**{**CFG.to_dict(), "pos": "learned"}))
     path = save_checkpoint(tmp_path / "c", "000001", model, train_seq_len=16, step=1)
-    with pytest.raises(ValueError, match="learned position table has 16 rows"):
+    with pytest.raises(ValueError, match=r"learned position table has 16 rows \(pos='learned'\)"):
         init_model_config(path, {"max_seq_len": 32})
+    assert init_model_config(path, {"max_seq_len": 16, "dropout": 0.1}).dropout == 0.1
+
+
+# Rotary models beyond pos=rope: xPos (rotation plus a decay) and Llama 4's iRoPE layout.
+IROPE = ["rope", "rope", "rope", "nope"]
+ROTARY = pytest.mark.parametrize("pos", ["xpos", IROPE], ids=["xpos", "irope"])
+
+
+def _save_pos(tmp_path, pos) -> pathlib.Path:
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(**{**CFG.to_dict(), "n_layer": 4, "pos": pos, "init_std": 0.2}))
+    return save_checkpoint(tmp_path / "c", "000001", model, train_seq_len=16, step=1)
+
+
+@ROTARY
+def test_every_rotary_model_takes_a_zero_shot_scaling_in_its_rotary_layers(tmp_path, pos):
+    path = _save_pos(tmp_path, pos)
+    scaled = load_checkpoint(path, rope_scaling={"type": "yarn", "factor": 4})
+    expected = normalize_rope_scaling({"type": "yarn", "factor": 4, "original_max_seq_len": 16}, 16)
+    assert scaled.config.pos == pos and scaled.config.rope_scaling == expected
+    for layer, name in enumerate(scaled.config.layer_pos):
+        encoding = scaled.model.pos.for_layer(layer)
+        assert encoding.rotary == REGISTRY[name].rotary
+        assert not encoding.rotary or encoding.scaling == expected
+    tokens = torch.randint(0, CFG.vocab_size, (1, 64), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        logits, plain = scaled.model(tokens), load_checkpoint(path).model(tokens)
+    assert logits.isfinite().all() and not torch.allclose(logits, plain)
+
+
+@ROTARY
+def test_init_model_config_takes_a_scaling_for_every_rotary_model(tmp_path, pos):
+    cfg = init_model_config(_save_pos(tmp_path, pos), {"max_seq_len": 64, "rope_scaling": {"type": "linear",
+                                                                                            "factor": 4.0}})
+    assert cfg.pos == pos and cfg.max_seq_len == 64 and cfg.rope_scaling["original_max_seq_len"] == 16
+
+
+@pytest.mark.parametrize("pos", ["alibi", ["nope", "alibi"]], ids=["alibi", "nope-alibi"])
+def test_a_scaling_without_a_rotary_layer_is_one_line_naming_the_rotary_encodings(tmp_path, pos):
+    path = _save_pos(tmp_path, pos)
+    with pytest.raises(ValueError) as info:
+        load_checkpoint(path, rope_scaling={"type": "yarn", "factor": 4})
+    message = str(info.value)
+    assert "\n" not in message and message.startswith("rope_scaling={'type': 'yarn', 'factor': 4} needs")
+    assert f"pos={pos!r}" in message and f"layer: {' | '.join(encodings_with('rotary'))})" in message
 
 
 def test_config_json_records_the_training_length_and_step(tmp_path):

@@ -2,7 +2,8 @@
 
 - Every encoding of ``EVAL_POSITIONS`` at the config's model shape with random weights, through
   ``nanoattn.eval.length.evaluate_lengths`` (one window per length), so the benchmark times the
-  evaluation users run. ``learned`` stops at 1x: it has no positions past its table.
+  evaluation users run. An encoding with a learned length (``learned``) stops at 1x: it has no
+  positions past its table (``ModelConfig.length_limit``).
 - Tokens per second counts scored targets. Peak memory is ``nanoattn.eval.length.PeakMemory``: on
   a Linux CPU the process's resident high-water mark added during that length (allocator slack
   included), on CUDA the allocator's peak. The table gives it per scored token, which stays flat
@@ -51,7 +52,8 @@ def _eval_rows(pos: str, stream: torch.Tensor, lengths: list[int], cfg: BenchCon
     torch.manual_seed(0)
     with stream.device:
         model = GPT(dataclasses.replace(cfg.model, pos=pos, max_seq_len=train_len, rope_scaling=None)).eval()
-    usable = lengths[:1] if pos == "learned" else lengths
+    limit = model.cfg.length_limit
+    usable = [length for length in lengths if limit is None or length <= limit]
     amp, _ = autocast_dtype(cfg.dtype, stream.device)
     with torch.no_grad(), autocast(stream.device, amp):  # warm-up: rope tables, allocator
         model.loss(stream[None, :train_len], stream[None, 1:train_len + 1])

@@ -11,13 +11,11 @@
   against ``2 * n_kv_head * head_dim`` for the fused attention. k_rope is cached unrotated and
   rotated at its position when read (slots for StreamingLLM), and the latent is expanded to every
   head's k and v at each step: the plain exact form, not DeepSeek's absorbed matmuls.
-- The rotation is the model's RoPE at width ``mla_rope_dim`` (an instance of its own); the
-  model's positional encoding is still asked for its bias, which RoPE does not add.
+- The rotation is the model's RoPE (its theta, fraction, p) at width ``mla_rope_dim``, an instance
+  of its own; the model's positional encoding is still asked for its bias, which RoPE does not add.
 """
 
 from __future__ import annotations
-
-import dataclasses
 
 import torch
 from torch import nn
@@ -43,7 +41,7 @@ class LatentAttention(CausalAttention):
         self.kv_norm = nn.RMSNorm(self.rank, eps=cfg.norm_eps)
         self.kv_b = nn.Linear(self.rank, H * 2 * D, bias=cfg.bias)  # per head [k_nope | v]
         self.proj = nn.Linear(H * D, cfg.d_model, bias=cfg.bias)
-        self.rope = RotaryPositionalEncoding(dataclasses.replace(cfg, d_model=H * R), [layer])
+        self.rope = RotaryPositionalEncoding(cfg, [layer], head_dim=R)
 
     def _qkv(self, x, pos, positions, seq_len, cache, layer, value_embed):
         B, T, _ = x.shape

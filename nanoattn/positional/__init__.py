@@ -9,12 +9,17 @@ from nanoattn.positional.layout import LayerLayout
 from nanoattn.positional.learned import LearnedPositionalEncoding
 from nanoattn.positional.nope import NoPositionalEncoding
 from nanoattn.positional.rope import RotaryPositionalEncoding
-from nanoattn.positional.sinusoidal import SinusoidalPositionalEncoding, sinusoidal_table
+from nanoattn.positional.sinusoidal import (
+    ScaledSinusoidalPositionalEncoding,
+    SinusoidalPositionalEncoding,
+    sinusoidal_table,
+)
 from nanoattn.positional.t5 import T5PositionalEncoding
 from nanoattn.positional.xpos import XPosPositionalEncoding
 
 REGISTRY: dict[str, type[PositionalEncoding]] = {
     "sinusoidal": SinusoidalPositionalEncoding,
+    "sinusoidal_scaled": ScaledSinusoidalPositionalEncoding,
     "learned": LearnedPositionalEncoding,
     "rope": RotaryPositionalEncoding,
     "alibi": ALiBiPositionalEncoding,
@@ -28,6 +33,12 @@ REGISTRY: dict[str, type[PositionalEncoding]] = {
 }
 
 
+def encodings_with(capability: str) -> tuple[str, ...]:
+    """The registered names whose encoding has ``capability`` (a flag of ``PositionalEncoding``, such
+    as ``rotary``), for messages that list what is allowed."""
+    return tuple(name for name, encoding in REGISTRY.items() if getattr(encoding, capability))
+
+
 def build_positional(cfg) -> PositionalEncoding:
     """The model's encoding: the one named by ``cfg.pos``, or a ``LayerLayout`` when it is a list."""
     if isinstance(cfg.pos, str):
@@ -36,4 +47,4 @@ def build_positional(cfg) -> PositionalEncoding:
 
 
 __all__ = ["REGISTRY", "LayerLayout", "PositionalEncoding", "alibi_slopes", "build_positional",
-           "sinusoidal_table"]
+           "encodings_with", "sinusoidal_table"]

@@ -17,8 +17,11 @@ evaluation all hand the encoding the same numbers for the same token.
 
 A model may use a different encoding in each layer (``ModelConfig.pos`` as a list, see
 ``layout.py``); ``for_layer`` returns the encoding that acts in one layer. An encoding whose
-parameters differ per layer (KERPLE, FIRE, CoPE) is built once with ``layers``, the indices of
-the layers that use it, and receives the layer index in ``bias``.
+parameters differ per layer (FIRE, CoPE) is built once with ``layers``, the indices of the layers
+that use it, and receives the layer index in ``bias``.
+
+An encoding whose parameters must stay in a range (KERPLE) puts them back in it with
+``project_parameters``, which the trainer calls on every encoding after each optimizer update.
 """
 
 from __future__ import annotations
@@ -32,6 +35,9 @@ from torch import nn
 class PositionalEncoding(nn.Module):
     acts_on_embeddings: bool = False  # True when ``embed`` adds positions: only a whole-model choice
     rotary: bool = False  # True when it rotates by rope_theta (and rope_scaling applies to it)
+    # True when it has no value at positions >= max_seq_len (a table of that many rows, learned):
+    # longer inputs are refused, and a trained checkpoint's max_seq_len cannot change.
+    learned_length: bool = False
     adds_bias: bool = False  # True when ``bias`` returns a tensor; attention then takes the bias path
     # True when the rotation at a position depends on the sequence length (dynamic NTK, LongRoPE).
     length_dependent_rotation: bool = False
@@ -47,6 +53,10 @@ class PositionalEncoding(nn.Module):
 
     def reset_parameters(self) -> None:
         """Initialise the encoding's own parameters; the model calls it after its generic init."""
+
+    def project_parameters(self) -> None:
+        """Put this encoding's own stored parameters back in their range, in place, after an update
+        (projected gradient descent: the forward then uses them as they are)."""
 
     def for_layer(self, layer: int) -> PositionalEncoding:
         """The encoding acting in ``layer``: itself, unless this is a per-layer layout."""

@@ -12,24 +12,25 @@ with learned positive parameters r1, r2 per head:
 
 Choices, following the authors' released code (chijames/KERPLE, a GPT-NeoX fork,
 ``ParallelKerpleLog`` / ``ParallelKerplePower``):
-- Per layer: every layer using the encoding has its own r1, r2 (one [n_head] vector each per
-  layer, ``layer_slot``), as each of the authors' attention layers builds its own module. They
-  are 1-D, so the optimizer does not decay them, like norm gains and biases.
+- One r1, r2 [n_head] per model, shared by every layer that uses the encoding, whatever the
+  depth: the authors' model builds one kernel module and hands that same module to each of its
+  attention layers. They are 1-D, so the optimizer does not decay them, like norm gains and
+  biases.
 - Initialisation as the authors': the parameter in front of the kernel uniform in (0, 1) for the
   power kernel's r1 and (0, 2) for the log kernel's r1; the one inside it uniform in (0, 1) for
   the log kernel's r2 and (0, 2) for the power exponent r2 (torch.rand * scale).
-- Positivity as the authors': no softplus; a clamp to [eps, ...) with eps = 1e-2, and the power
-  exponent to [eps, 2]. They clamp the stored parameter in place (``.data``) at every forward,
-  i.e. projected gradient descent. Here the clamp is applied at use, functionally (in-place
-  edits of a parameter inside a forward that runs per chunk would break autograd's version
-  checks and torch.compile): the value is the clamped one, and the gradient passes straight
-  through the clamp, as it reaches the authors' projected parameter. A plain clamp would instead
-  freeze a parameter for good once it leaves the range (its gradient is 0 there), which the
-  uniform init can do from step 0 (a draw below eps has probability 1/100 or 1/200 per head).
-  Initial values are clamped into range too, so stored and used values agree at the start.
+- Positivity as the authors': no softplus; every parameter is kept >= eps = 1e-2, and the power
+  exponent <= 2, by projecting the stored parameters into that range in place after every
+  optimizer update (``project_parameters``, called by the trainer), i.e. projected gradient
+  descent. The authors clamp ``.data`` at the start of each forward, which is the same
+  projection at the next use; doing it after the update keeps the forward free of in-place
+  edits (it runs once per query chunk, under autograd and torch.compile). The forward uses the
+  stored values as they are, so a parameter pushed past a bound sits on it rather than drifting,
+  and its gradient there is the kernel's own. The initial draw is projected too (a draw below
+  eps has probability 1/100 or 1/200 per head), as the authors' first forward does.
 - float32 from integer distances, on the chunk's [n_head, Tq, Tk] grid: log1p and two products
   for the log kernel; the power kernel as exp(r2 * log d) with log d computed once for all heads
-  (half the time of a tensor-exponent pow, forward and backward).
+  (cheaper than a tensor-exponent pow, forward and backward).
 """
 
 from __future__ import annotations
@@ -45,13 +46,8 @@ EPS = 1e-2  # the authors' lower bound on every kernel parameter
 MAX_POWER = 2.0  # the power kernel is conditionally positive definite for 0 < r2 <= 2
 
 
-def clamp_straight_through(x: torch.Tensor, low: float, high: float | None = None) -> torch.Tensor:
-    """x clamped to [low, high] in value, with the identity's gradient (a projected parameter)."""
-    return x + (x.clamp(low, high) - x).detach()
-
-
 class KERPLEPositionalEncoding(PositionalEncoding):
-    """The shared part: per-layer r1, r2 [n_head], their bounds, and the distance grid."""
+    """The shared part: one r1, r2 [n_head] for every layer, their range, and the distance grid."""
 
     adds_bias = True
     # (scale of r1's uniform init, scale of r2's), upper bound of r2 (None: unbounded)
@@ -63,25 +59,21 @@ class KERPLEPositionalEncoding(PositionalEncoding):
 
     def __init__(self, cfg, layers) -> None:
         super().__init__(cfg, layers)
+        self.r1 = nn.Parameter(torch.rand(cfg.n_head) * self.r1_scale)  # [n_head]
+        self.r2 = nn.Parameter(torch.rand(cfg.n_head) * self.r2_scale)  # [n_head]
+        self.project_parameters()
 
-        def initial(scale: float, high: float | None) -> nn.Parameter:
-            return nn.Parameter((torch.rand(cfg.n_head) * scale).clamp(EPS, high))  # [n_head]
-
-        self.r1 = nn.ParameterList(initial(self.r1_scale, None) for _ in self.layers)
-        self.r2 = nn.ParameterList(initial(self.r2_scale, self.r2_max) for _ in self.layers)
-
-    def parameters_at(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The r1, r2 [n_head, 1, 1] that ``layer`` uses, clamped into range, float32."""
-        slot = self.layer_slot(layer)
-        r1 = clamp_straight_through(self.r1[slot].float(), EPS)
-        r2 = clamp_straight_through(self.r2[slot].float(), EPS, self.r2_max)
-        return r1[:, None, None], r2[:, None, None]
+    @torch.no_grad()
+    def project_parameters(self) -> None:
+        self.r1.clamp_(min=EPS)
+        self.r2.clamp_(min=EPS, max=self.r2_max)
 
     def bias(self, q, k, q_positions: torch.Tensor, k_positions: torch.Tensor, layer: int) -> torch.Tensor:
         # Keys after their query are masked by the caller; clamping their distance to 0 keeps the
         # kernel (and its gradient) finite there.
         distance = (q_positions[:, None] - k_positions[None, :]).clamp(min=0).float()  # [Tq, Tk]
-        return self.kernel(distance, *self.parameters_at(layer))  # [n_head, Tq, Tk]
+        r1, r2 = self.r1.float()[:, None, None], self.r2.float()[:, None, None]  # [n_head, 1, 1]
+        return self.kernel(distance, r1, r2)  # [n_head, Tq, Tk]
 
 
 class KERPLELogPositionalEncoding(KERPLEPositionalEncoding):
@@ -97,7 +89,7 @@ class KERPLEPowerPositionalEncoding(KERPLEPositionalEncoding):
 
     @staticmethod
     def kernel(distance: torch.Tensor, r1: torch.Tensor, r2: torch.Tensor) -> torch.Tensor:
-        # d ** r2 as exp(r2 log d) with log d computed once for all heads: half the time of
+        # d ** r2 as exp(r2 log d) with log d computed once for all heads, cheaper than
         # distance.pow(r2) forward and backward. d = 0 (log d = -inf) would give a nan gradient in
         # r2 (0 * -inf), so log d is taken at max(d, 1) and d = 0 gets its value 0 by the where.
         log_distance = torch.log(distance.clamp(min=1.0))  # [Tq, Tk]

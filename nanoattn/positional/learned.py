@@ -14,6 +14,7 @@ from nanoattn.positional.base import PositionalEncoding
 
 class LearnedPositionalEncoding(PositionalEncoding):
     acts_on_embeddings = True
+    learned_length = True
 
     def __init__(self, cfg, layers) -> None:
         super().__init__(cfg, layers)

@@ -67,10 +67,12 @@ def p_rope_kept(rotary_dim: int, rope_p: float) -> int:
 class RotaryPositionalEncoding(PositionalEncoding):
     rotary = True
 
-    def __init__(self, cfg, layers) -> None:
+    def __init__(self, cfg, layers, head_dim: int | None = None) -> None:
+        """``head_dim``: the width of the queries and keys it rotates, when not the model's (latent
+        attention's decoupled rotary dims, ``mla_rope_dim``)."""
         super().__init__(cfg, layers)
-        self.head_dim = cfg.head_dim
-        self.rotary_dim = rotary_dim(cfg.head_dim, float(cfg.rope_fraction))
+        self.head_dim = cfg.head_dim if head_dim is None else head_dim
+        self.rotary_dim = rotary_dim(self.head_dim, float(cfg.rope_fraction))
         self.kept = p_rope_kept(self.rotary_dim, float(cfg.rope_p))  # frequencies kept of rotary_dim // 2
         self.theta = float(cfg.rope_theta)
         self.scaling = cfg.rope_scaling

@@ -1,32 +1,28 @@
-"""Fixed sinusoidal positions (Vaswani et al. 2017, arXiv:1706.03762), added to embeddings.
+"""Sinusoidal positions added to the token embeddings (Vaswani et al. 2017, arXiv:1706.03762).
 
 PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d)), defined at any
-position. The table is added to the token embeddings times one learned amplitude ``scale``
-(as x-transformers' ScaledSinusoidalEmbedding), started at AMPLITUDE_INIT = 0: the model starts
-as NoPE and raises the amplitude as far as training finds the sinusoid useful. The embeddings are
-not multiplied by sqrt(d_model) (the original Transformer's rule).
+position.
 
-Why (docs/fair_baselines.md: the extrapolation lab's model, one run per variant, perplexity at
-128 tokens as a multiple of RoPE's in the same recipe). Embeddings start at std 0.02, so
-sqrt(d_model)-scaled embeddings plus the unit table start with the position signal at 3x the
-tokens' rms: 2.05x RoPE in the lab's recipe (250 steps, warmup 25), 1.60x at 200 steps (warmup
-50). A learned amplitude helps only when it starts small: one amplitude started at
-d_model ** -0.5 (x-transformers' value) 1.74x, at 0.028 1.32x, at 0 1.15x (200 steps). A
-per-dimension amplitude started at 0.028 matched it at 200 steps (1.14x) but not under the lab's
-shorter warmup (1.70x: a few high-frequency amplitudes grew early and the run never recovered);
-in the lab's recipe, per dimension from 0 gave 1.17x and one amplitude from 0 1.14x (NoPE 1.18x).
-Caveat: after those 250 steps the amplitude is 0.0009 (the position signal ~1% of the tokens'
-rms), and the model extrapolates like NoPE.
+- ``sinusoidal`` is the paper's encoding: fixed, no trainable parameter, the token embeddings
+  multiplied by sqrt(d_model) (section 3.4) and the table added. The scale matters here: GPT's
+  embeddings start at std init_std, which a unit-amplitude table would swamp.
+- ``sinusoidal_scaled`` is a tuned variant under its own name, so a row called "sinusoidal" means
+  the paper's: the table times one learned amplitude ``scale`` (x-transformers'
+  ScaledSinusoidalEmbedding), started at AMPLITUDE_INIT = 0 so the model starts as NoPE and raises
+  the amplitude as far as training finds the sinusoid useful; the embeddings are not scaled.
+  docs/fair_baselines.md has the runs behind the choice of start.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import nn
 
 from nanoattn.positional.base import PositionalEncoding
 
-# The amplitude's start (measured against 0.028 and d_model ** -0.5 above); a ModelConfig field to be.
+# ``sinusoidal_scaled``'s amplitude at the start (docs/fair_baselines.md); a ModelConfig field to be.
 AMPLITUDE_INIT = 0.0
 
 
@@ -46,6 +42,22 @@ def sinusoidal_table(positions: torch.Tensor, d_model: int) -> torch.Tensor:
 
 
 class SinusoidalPositionalEncoding(PositionalEncoding):
+    """Vaswani et al.'s: sqrt(d_model) * embeddings + the fixed table."""
+
+    acts_on_embeddings = True
+
+    def __init__(self, cfg, layers) -> None:
+        super().__init__(cfg, layers)
+        self.d_model = cfg.d_model
+
+    def embed(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        pe = sinusoidal_table(positions, self.d_model).to(x.dtype)  # [T, d_model]
+        return x * math.sqrt(self.d_model) + pe  # [B, T, d] + [T, d]
+
+
+class ScaledSinusoidalPositionalEncoding(PositionalEncoding):
+    """Embeddings + one learned amplitude times the table, the amplitude started at AMPLITUDE_INIT."""
+
     acts_on_embeddings = True
 
     def __init__(self, cfg, layers) -> None:

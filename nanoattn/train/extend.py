@@ -9,7 +9,8 @@ extension, all before anything is written:
 - The model comes from the checkpoint. ``model`` may set only ``rope_scaling`` (required) and
   ``max_seq_len`` (default ``train.seq_len``), so a fine-tune cannot silently change the
   checkpoint's ``rope_theta`` or shape.
-- The checkpoint uses RoPE, and the scaling is not ``dynamic``: dynamic NTK's frequencies are a
+- The checkpoint rotates (``ModelConfig.rotary``: RoPE or xPos, alone or in a per-layer layout
+  such as iRoPE), and the scaling is not ``dynamic``: dynamic NTK's frequencies are a
   function of the input length, so training at L would fit the base of length L only, while
   inference at any other length uses another base. It is a zero-shot method, applied at load time.
 - ``original_max_seq_len`` defaults to the length the checkpoint's *unscaled* frequencies were
@@ -30,13 +31,16 @@ from pathlib import Path
 from typing import Any
 
 from nanoattn.checkpoint import read_checkpoint_config, trained_length, with_original_length
-from nanoattn.config import RunConfig
+from nanoattn.config import ModelConfig, RunConfig
+from nanoattn.positional import encodings_with
+from nanoattn.positional.rope_scaling_params import SCALING_TYPES
 from nanoattn.train.loop import train
 from nanoattn.train.run_dir import resolve_init_from
 
 # The model fields an extension sets; everything else is the checkpoint's.
 EXTENSION_FIELDS = ("rope_scaling", "max_seq_len")
-FINE_TUNE_TYPES = "linear | ntk | yarn | llama3 | longrope"
+# Every scaling but dynamic NTK, whose base follows the input length (see the module docstring).
+FINE_TUNE_TYPES = " | ".join(kind for kind in SCALING_TYPES if kind != "dynamic")
 
 
 def extension_config(cfg: Mapping[str, Any]) -> RunConfig:
@@ -47,10 +51,11 @@ def extension_config(cfg: Mapping[str, Any]) -> RunConfig:
     if not source:
         raise ValueError("train.init_from is missing: set it to the checkpoint or run directory to extend")
     meta = read_checkpoint_config(source)
-    trained = dict(meta.get("model") or {})
-    if trained.get("pos") != "rope":
-        raise ValueError(f"train.init_from={source!r} has pos={trained.get('pos')!r}: context extension "
-                         "by RoPE scaling needs a RoPE checkpoint")
+    trained = ModelConfig.from_dict(meta.get("model") or {})
+    if not trained.rotary:
+        raise ValueError(f"train.init_from={source!r} has pos={trained.pos!r}: context extension by RoPE "
+                         f"scaling needs a RoPE checkpoint (a rotary encoding in some layer: "
+                         f"{' | '.join(encodings_with('rotary'))})")
     trained_len = trained_length(meta)
 
     model = dict(values.get("model") or {})

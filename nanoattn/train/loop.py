@@ -175,9 +175,11 @@ class _Run:
         if cfg.task.name is not None:  # a task of the suite instead of the corpus (docs/tasks.md)
             data = TaskData(data, cfg.task.build(), cfg.task.train_length)
             self.seq_len = data.check_seq_len(t.seq_len)
-            if cfg.model.pos == "learned" and self.seq_len > cfg.model.max_seq_len:
-                raise ValueError(f"model.max_seq_len={cfg.model.max_seq_len} is invalid for task "
-                                 f"{cfg.task.name}: its instances need {self.seq_len} learned positions")
+            limit = cfg.model.length_limit
+            if limit is not None and self.seq_len > limit:
+                raise ValueError(f"model.max_seq_len={limit} is invalid for task {cfg.task.name}: its "
+                                 f"instances need {self.seq_len} positions, and pos={cfg.model.pos!r} has "
+                                 "learned ones only up to max_seq_len")
         state = load_trainer_state(ckpt) if ckpt is not None else None
         if state is not None:
             self._check_resumable(state, ckpt)

@@ -3,8 +3,10 @@
 ``LossModule`` puts ``GPT.loss`` behind a ``forward``, the only call DDP sees, so DDP syncs the
 gradients; ``wrap_for_training`` adds DDP and torch.compile as the run asks. ``optimizer_step``
 runs the micro-batches of one update (DDP all-reduces only on the last one), clips the global
-gradient norm and steps. Nothing here synchronises with the device: the loss sum and the norm
-stay tensors, read by the caller once per log window.
+gradient norm, steps, and has every positional encoding project its parameters back into range
+(``project_parameters``: part of the update and deterministic, so a resumed run repeats it).
+Nothing here synchronises with the device: the loss sum and the norm stay tensors, read by the
+caller once per log window.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import torch
 from torch import nn
 
 from nanoattn.model import GPT
+from nanoattn.positional import PositionalEncoding
 
 
 class LossModule(nn.Module):
@@ -57,5 +60,16 @@ def optimizer_step(net: nn.Module, model: GPT, optimizer: torch.optim.Optimizer,
     # The norm is computed (and checked by the caller) even without clipping: max_norm=inf scales by 1.
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip if grad_clip > 0 else math.inf)
     optimizer.step()
+    project_parameters(model)
     optimizer.zero_grad(set_to_none=True)
     return loss_sum, grad_norm
+
+
+def project_parameters(model: nn.Module) -> None:
+    """Each positional encoding in ``model`` puts its stored parameters back in range after an update.
+
+    A walk over the modules rather than a GPT method: a layout's encodings are reached as
+    submodules, and the bench steps models that are not GPTs (which hold no encoding)."""
+    for module in model.modules():
+        if isinstance(module, PositionalEncoding):
+            module.project_parameters()

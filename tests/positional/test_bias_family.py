@@ -1,9 +1,9 @@
 """The learned relative-bias family against hand computations and references.
 
-References: transformers' T5 bucket function (bidirectional=False), the KERPLE kernels and the
-FIRE formula evaluated with Python's math on chosen positions and parameter values, FIRE's MLP
-written out unit by unit. Then the properties every one of them needs in a model: per-layer
-parameters that really are per layer, one-line config errors, gradients reaching every
+References: transformers' T5 bucket function (bidirectional=False), the FIRE formula evaluated
+with Python's math on chosen positions and parameter values, FIRE's MLP written out unit by unit
+(KERPLE's kernels: test_kerple.py). Then the properties every one of them needs in a model:
+per-layer parameters that really are per layer, one-line config errors, gradients reaching every
 parameter, and a tiny model that learns.
 """
 
@@ -18,12 +18,11 @@ from fitting import fit
 from nanoattn import GPT, ModelConfig
 from nanoattn.positional import build_positional
 from nanoattn.positional.fire import FIRELayer
-from nanoattn.positional.kerple import EPS
 from nanoattn.positional.t5 import t5_causal_bucket
 from nanoattn.train.optim import param_groups
 
 NAMES = ["t5", "kerple_log", "kerple_power", "fire"]
-PER_LAYER = ["kerple_log", "kerple_power", "fire"]
+PER_LAYER = ["fire"]  # KERPLE and T5 share one set across layers (test_kerple.py, the T5 test)
 H = 4
 
 
@@ -85,55 +84,6 @@ def test_t5_bias_is_each_heads_scalar_of_the_distance_bucket_shared_by_layers():
     # Relative only, and one table for every layer (T5 shares it).
     torch.testing.assert_close(bias(enc, [q - 550], [k - 550 for k in ks]), got, atol=0, rtol=0)
     torch.testing.assert_close(bias(enc, [q], ks, layer=1), got, atol=0, rtol=0)
-
-
-# --- KERPLE ---------------------------------------------------------------------------------------
-
-
-def set_kerple(enc, slot, r1, r2):
-    with torch.no_grad():
-        enc.r1[slot].copy_(torch.tensor(r1))
-        enc.r2[slot].copy_(torch.tensor(r2))
-
-
-R1, R2_LOG, R2_POWER = [0.5, 1.0, 1.5, 2.5], [0.1, 0.5, 1.0, 3.0], [0.5, 1.0, 1.5, 2.0]
-PAIRS = [(0, 0), (5, 0), (5, 4), (9, 2), (40, 1), (1000, 3)]  # (query, key) positions
-
-
-def kernel_by_hand(name, r1, r2, d):
-    return -r1 * math.log(1 + r2 * d) if name == "kerple_log" else -r1 * d ** r2
-
-
-@pytest.mark.parametrize("name,r2", [("kerple_log", R2_LOG), ("kerple_power", R2_POWER)])
-def test_kerple_kernels_equal_the_papers_formulas(name, r2):
-    enc = encoding(name)
-    set_kerple(enc, 0, R1, r2)
-    for i, j in PAIRS:
-        got = bias(enc, [i], [j])[:, 0, 0]
-        expected = torch.tensor([kernel_by_hand(name, R1[h], r2[h], i - j) for h in range(H)])
-        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
-    assert bias(enc, [7], [7]).abs().max() == 0  # the query itself: no penalty
-    if name == "kerple_power":  # r2 = 1 is ALiBi with slope r1
-        torch.testing.assert_close(bias(enc, [9], list(range(10)))[1, 0], -torch.arange(9, -1, -1.0))
-
-
-@pytest.mark.parametrize("name", ["kerple_log", "kerple_power"])
-def test_kerple_parameters_are_clamped_at_use_with_the_gradient_passing_through(name):
-    enc = encoding(name)
-    high = 2.0 if name == "kerple_power" else None
-    # Out of range: r1 below eps, r2 below eps (head 0) or above its bound (head 1, power kernel).
-    set_kerple(enc, 0, [-1.0, 0.001, 1.0, 1.0], [-0.5, 5.0 if high else 1.0, 1.0, 1.0])
-    got = bias(enc, [10], [0])[:, 0, 0]
-    torch.testing.assert_close(got[0], torch.tensor(kernel_by_hand(name, EPS, EPS, 10)))
-    torch.testing.assert_close(got[1], torch.tensor(kernel_by_hand(name, EPS, high or 1.0, 10)))
-    got.sum().backward()
-    for p in (enc.r1[0], enc.r2[0]):
-        assert p.grad[:2].abs().min() > 0  # not frozen outside the range (the authors project instead)
-    # Initial values as the authors': uniform, clamped into range.
-    enc = encoding(name, d_model=64, n_head=64)
-    r1_top, r2_top = (2.0, 1.0) if name == "kerple_log" else (1.0, 2.0)
-    for p, top in ((enc.r1[1], r1_top), (enc.r2[1], r2_top)):
-        assert EPS <= p.min() and p.max() <= top and p.max() > top / 2
 
 
 # --- FIRE -----------------------------------------------------------------------------------------

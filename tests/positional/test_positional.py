@@ -11,8 +11,8 @@ from nanoattn.positional import REGISTRY, alibi_slopes, build_positional, sinuso
 
 
 def test_registry_names_match_the_config_choices():
-    assert set(REGISTRY) == {"sinusoidal", "learned", "rope", "alibi", "nope", "t5", "kerple_log",
-                             "kerple_power", "fire", "xpos", "cope"}
+    assert set(REGISTRY) == {"sinusoidal", "sinusoidal_scaled", "learned", "rope", "alibi", "nope", "t5",
+                             "kerple_log", "kerple_power", "fire", "xpos", "cope"}
 
 
 @pytest.mark.parametrize("pos,i", [(0, 0), (1, 0), (7, 3), (100, 10), (4000, 31), (12345, 1)])
@@ -94,8 +94,34 @@ def test_alibi_bias_is_minus_slope_times_distance_not_scaled():
     assert bias[3, 2, 2].item() == 0.0
 
 
-def test_sinusoidal_adds_the_table_times_one_learned_amplitude():
-    model = GPT(ModelConfig(vocab_size=50, d_model=16, n_head=2, n_layer=1, pos="sinusoidal"))
+def test_sinusoidal_is_vaswani_et_al_fixed_table_added_to_sqrt_d_model_scaled_embeddings():
+    d, vocab = 16, 50
+    fields = dict(vocab_size=vocab, d_model=d, n_head=2, n_layer=1)
+    model = GPT(ModelConfig(**fields, pos="sinusoidal"))
+    # No trainable parameter of its own: the same count as the model without positions.
+    assert list(model.pos.parameters()) == [] and list(model.pos.buffers()) == []
+    assert model.num_params() == GPT(ModelConfig(**fields, pos="nope")).num_params()
+    # The first block's input is sqrt(d_model) * E[token] + PE(pos), PE written out from the paper.
+    idx = torch.tensor([[3, 0, 49, 7, 3, 11]])
+    seen = {}
+
+    def keep_input(block, args):
+        seen["x"] = args[0]  # [B, T, d_model]
+
+    model.blocks[0].register_forward_pre_hook(keep_input)
+    with torch.no_grad():
+        model(idx)
+    E = model.tok_emb.weight.double()
+    pe = torch.tensor([[math.sin(p / 10000 ** (i / d)) if i % 2 == 0 else math.cos(p / 10000 ** ((i - 1) / d))
+                        for i in range(d)] for p in range(idx.shape[1])], dtype=torch.float64)
+    expected = math.sqrt(d) * E[idx[0]] + pe  # [T, d]
+    # float32 against float64: the table's float32 rounding (|PE| <= 1: 2^-24) plus one rounding of
+    # the product (|sqrt(d) E| ~ 0.1) and of the sum (|x| < 2): a few 1e-7, so atol 1e-6.
+    torch.testing.assert_close(seen["x"][0].double(), expected, atol=1e-6, rtol=0)
+
+
+def test_sinusoidal_scaled_adds_the_table_times_one_learned_amplitude():
+    model = GPT(ModelConfig(vocab_size=50, d_model=16, n_head=2, n_layer=1, pos="sinusoidal_scaled"))
     scale = model.pos.scale
     assert scale.requires_grad and scale.shape == (1,)
     with torch.no_grad():
@@ -104,8 +130,8 @@ def test_sinusoidal_adds_the_table_times_one_learned_amplitude():
     torch.testing.assert_close(model.pos.embed(x, positions), x + 0.3 * sinusoidal_table(positions, 16))
 
 
-def test_sinusoidal_starts_as_nope_and_its_amplitude_learns_from_zero():
-    model = GPT(ModelConfig(vocab_size=50, d_model=16, n_head=2, n_layer=1, pos="sinusoidal"))
+def test_sinusoidal_scaled_starts_as_nope_and_its_amplitude_learns_from_zero():
+    model = GPT(ModelConfig(vocab_size=50, d_model=16, n_head=2, n_layer=1, pos="sinusoidal_scaled"))
     assert torch.equal(model.pos.scale, torch.zeros(1))  # AMPLITUDE_INIT, after the model's own init
     x = torch.randn(2, 5, 16)
     assert torch.equal(model.pos.embed(x, torch.arange(5)), x)  # no position signal yet
@@ -113,8 +139,8 @@ def test_sinusoidal_starts_as_nope_and_its_amplitude_learns_from_zero():
     assert model.pos.scale.grad.abs().item() > 0  # so the first update moves it off zero
 
 
-def test_a_trained_sinusoidal_amplitude_survives_a_checkpoint(tmp_path):
-    model = GPT(ModelConfig(vocab_size=50, d_model=16, n_head=2, n_layer=1, pos="sinusoidal")).eval()
+def test_a_trained_sinusoidal_scaled_amplitude_survives_a_checkpoint(tmp_path):
+    model = GPT(ModelConfig(vocab_size=50, d_model=16, n_head=2, n_layer=1, pos="sinusoidal_scaled")).eval()
     with torch.no_grad():
         model.pos.scale.fill_(0.25)  # the loaded model starts at 0: the file must win
     save_checkpoint(tmp_path, "000001", model, train_seq_len=8, step=1)

@@ -3,14 +3,16 @@
 A tiny RoPE model is trained for a few steps at BASE_LEN tokens on a seeded text corpus; the
 tests extend it to twice that length and check the run's checkpoint: the scaling in its config
 (original length = the base's training length), train_seq_len = the new length, the base's
-other model fields kept. The refusals (dynamic, non-RoPE, no scaling, not longer, model fields
-beyond the two an extension sets) are checked before anything is written.
+other model fields kept. Every rotary model extends (xPos and Llama 4's iRoPE layout too, under every
+scaling fine-tuning allows). The refusals (dynamic, a model without a rotary layer, no scaling, not
+longer, model fields beyond the two an extension sets) are checked before anything is written.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import random
 import subprocess
 import sys
@@ -26,9 +28,11 @@ from omegaconf import OmegaConf
 
 from nanoattn import GPT, ModelConfig, load_checkpoint
 from nanoattn.checkpoint import save_checkpoint
+from nanoattn.positional import encodings_with
 from nanoattn.positional.rope_scaling import normalize_rope_scaling
+from nanoattn.positional.rope_scaling_params import SCALING_TYPES
 from nanoattn.train import train
-from nanoattn.train.extend import extend_context, extension_config
+from nanoattn.train.extend import FINE_TUNE_TYPES, extend_context, extension_config
 
 REPO = Path(__file__).resolve().parents[2]
 BASE_LEN = 16
@@ -65,6 +69,24 @@ def base_run(tmp_path_factory, data) -> Path:
                   "train": {**TINY_TRAIN, "seq_len": BASE_LEN}, "logger": {"type": "none"}})
 
 
+# Rotary models beyond pos=rope, each with the model fields it changes.
+ROTARY_BASES = {"xpos": {"pos": "xpos"}, "irope": {"pos": ["rope", "rope", "rope", "nope"], "n_layer": 4}}
+
+
+@pytest.fixture(scope="module", params=sorted(ROTARY_BASES))
+def rotary_base(request, tmp_path_factory, data) -> Path:
+    out = tmp_path_factory.mktemp("extend_base") / request.param
+    return train({"out_dir": str(out), "model": {**TINY_MODEL, **ROTARY_BASES[request.param]}, "data": data,
+                  "train": {**TINY_TRAIN, "seq_len": BASE_LEN}, "logger": {"type": "none"}})
+
+
+def fine_tune_scaling(kind: str) -> dict[str, Any]:
+    scaling: dict[str, Any] = {"type": kind, "factor": 2.0}
+    if kind == "longrope":  # one divisor per rotated pair: head_dim 16 has 8
+        scaling.update(short_factor=[1.0] * 8, long_factor=[1.0 + i / 4 for i in range(8)])
+    return scaling
+
+
 def extension(base: Path, out: Path, data: dict[str, Any], scaling: dict[str, Any] | None, **train_fields):
     return {"out_dir": str(out), "model": {"rope_scaling": scaling}, "data": data,
             "train": {**TINY_TRAIN, "init_from": str(base), "seq_len": LONG_LEN, "lr": 3e-4, **train_fields},
@@ -93,6 +115,25 @@ def test_extension_run_carries_the_scaling_and_the_new_length(base_run, data, tm
     assert (tuned["tok_emb.weight"] - start["tok_emb.weight"]).abs().max() < 0.05
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert any("val_loss" in r for r in records) and records[-1]["step"] == TINY_TRAIN["max_steps"]
+
+
+def test_every_scaling_but_dynamic_fine_tunes():
+    assert FINE_TUNE_TYPES.split(" | ") == [kind for kind in SCALING_TYPES if kind != "dynamic"]
+
+
+@pytest.mark.parametrize("kind", FINE_TUNE_TYPES.split(" | "))
+def test_every_rotary_model_extends_under_every_fine_tuning_scaling(rotary_base, data, tmp_path, kind):
+    scaling = fine_tune_scaling(kind)
+    run_dir = extend_context(extension(rotary_base, tmp_path / "ext", data, scaling, max_steps=1))
+    ckpt, base = load_checkpoint(run_dir), load_checkpoint(rotary_base)
+    expected = normalize_rope_scaling({**scaling, "original_max_seq_len": BASE_LEN}, LONG_LEN)
+    assert ckpt.config.rope_scaling == expected and ckpt.train_seq_len == LONG_LEN
+    assert ckpt.config.pos == base.config.pos and ckpt.config.n_layer == base.config.n_layer
+    rotary = [layer for layer in range(ckpt.config.n_layer) if ckpt.model.pos.for_layer(layer).rotary]
+    assert rotary and all(ckpt.model.pos.for_layer(layer).scaling == expected for layer in rotary)
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["train_loss"] for r in records if "train_loss" in r]
+    assert records[-1]["step"] == 1 and losses and all(math.isfinite(loss) for loss in losses)
 
 
 def compose_extension(overrides: list[str]) -> dict[str, Any]:
@@ -124,6 +165,13 @@ def test_the_shipped_recipe(base_run):
     # The model node holds only the two extension fields: any other model key fails at composition.
     with pytest.raises(ConfigCompositionException, match="model.d_model"):
         compose_extension([f"train.init_from={base_run}", "model.d_model=64"])
+
+
+def test_the_shipped_recipe_takes_every_rotary_model(rotary_base):
+    run = extension_config(compose_extension([f"train.init_from={rotary_base}"]))
+    assert run.model.pos == load_checkpoint(rotary_base).config.pos and run.model.rotary
+    assert run.model.rope_scaling == normalize_rope_scaling(
+        {"type": "yarn", "factor": 4.0, "original_max_seq_len": BASE_LEN}, 512)
 
 
 def test_the_config_composes_into_an_extension_run(base_run, data, tmp_path):
@@ -171,13 +219,14 @@ def test_dynamic_is_refused_for_fine_tuning(base_run, data, tmp_path):
     assert "linear | ntk | yarn | llama3" in message
 
 
-@pytest.mark.parametrize("pos", ["learned", "alibi"])
-def test_non_rope_checkpoint_is_refused(data, tmp_path, pos):
+@pytest.mark.parametrize("pos", ["learned", "alibi", ["nope", "alibi"]], ids=["learned", "alibi", "layout"])
+def test_a_checkpoint_without_a_rotary_layer_is_refused(data, tmp_path, pos):
     save_checkpoint(tmp_path / "base" / "checkpoints", "1", GPT(ModelConfig(**{**TINY_MODEL, "pos": pos})),
                     train_seq_len=BASE_LEN, step=1)
     message = refusal(extension(tmp_path / "base", tmp_path / "ext", data, {"type": "linear", "factor": 2.0}),
                       tmp_path / "ext")
     assert f"pos={pos!r}" in message and "RoPE" in message
+    assert f"a rotary encoding in some layer: {' | '.join(encodings_with('rotary'))})" in message
 
 
 @pytest.mark.parametrize("change,named", [

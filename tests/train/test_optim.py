@@ -59,9 +59,9 @@ def test_decay_embeddings_moves_embeddings_to_the_decayed_group():
     assert all(p.ndim == 1 for p in keep["params"])
 
 
-def test_the_sinusoidal_amplitude_is_not_decayed():
+def test_the_sinusoidal_scaled_amplitude_is_not_decayed():
     model = GPT(ModelConfig(vocab_size=64, d_model=32, n_layer=1, n_head=2, d_ff=64, max_seq_len=16,
-                            pos="sinusoidal"))
+                            pos="sinusoidal_scaled"))
     decay, keep = param_groups(model, 0.1, decay_embeddings=True)
     assert "pos.scale" in _names(model, keep["params"])  # a gain: decay would pull it to 0, i.e. NoPE
 
