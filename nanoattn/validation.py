@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, NoReturn
 
 
@@ -47,13 +47,17 @@ def check_text(owner: str, name: str, value: Any) -> None:
 
 
 def as_float(value: Any) -> float:
-    """A number for range checks; non-numbers become NaN so every comparison fails."""
-    if isinstance(value, bool):
-        return math.nan
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return math.nan
+    """``value`` as a float when it is a real number (an int or a float, not a bool), else NaN, which
+    fails every range check: YAML's ``true`` or a quoted ``"0.1"`` never passes as a number."""
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else math.nan
+
+
+def check_number(owner: str, name: str, value: Any, allowed: str = "must be a positive finite number",
+                 within: Callable[[float], bool] = lambda x: x > 0) -> None:
+    """A finite real number (``as_float``) ``within`` its range."""
+    x = as_float(value)
+    if not (math.isfinite(x) and within(x)):
+        fail(owner, name, value, allowed)
 
 
 def from_dict(cls, values: Mapping[str, Any] | None, owner: str | None = None):

@@ -1,9 +1,10 @@
 """The model's schema: ``ModelConfig`` and the named presets.
 
 Every field is validated in ``__post_init__`` with a one-line ``ValueError`` naming the field,
-the bad value and what is allowed. The positional registry is imported (it sits below this
-layer) so that ``pos`` is checked against the encodings that exist, and a RoPE scaling is
-normalised by the same pure function the model uses.
+the bad value and what is allowed: its type (a number is an int or a float, never a bool or a
+string, and finite) and its range, whether or not the model uses the field. The positional
+registry is imported (it sits below this layer) so that ``pos`` is checked against the encodings
+that exist, and a RoPE scaling is normalised by the same pure function the model uses.
 """
 
 from __future__ import annotations
@@ -14,12 +15,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from nanoattn.positional import REGISTRY
+from nanoattn.positional import REGISTRY, encodings_with
 from nanoattn.positional.rope_scaling import normalize_rope_scaling
 from nanoattn.validation import (
-    as_float,
     check_bool,
     check_choice,
+    check_number,
     check_positive_int,
     fail,
     from_dict,
@@ -30,6 +31,9 @@ NORMS = ("layernorm", "rmsnorm")
 MLPS = ("gelu", "swiglu", "relu2")
 QK_NORMS = ("none", "before_rope", "after_rope")
 ATTN_KERNELS = ("auto", "sdpa")
+# Fields read only by the encodings that use them; checked here for their type whatever the model's
+# pos, and by the encoding's ``check_config`` for its own rules when the model uses it.
+ENCODING_INTS = ("t5_num_buckets", "t5_max_distance", "fire_mlp_width", "cope_npos_max")
 
 
 @dataclass
@@ -105,8 +109,8 @@ class ModelConfig:
         self._check_pos()
         check_choice(own, "norm", self.norm, NORMS)
         check_choice(own, "qk_norm", self.qk_norm, QK_NORMS)
-        check_bool(own, "attn_sinks", self.attn_sinks)
-        check_bool(own, "token_shift", self.token_shift)
+        for name in ("attn_sinks", "token_shift", "bias", "tie_embeddings"):
+            check_bool(own, name, getattr(self, name))
         check_choice(own, "attn_kernel", self.attn_kernel, ATTN_KERNELS)
         self._check_diff_attn()
         self._check_mla()
@@ -116,31 +120,34 @@ class ModelConfig:
             value = getattr(self, name)
             if value is None:
                 continue
-            if not (math.isfinite(as_float(value)) and as_float(value) > 0):
-                fail(own, name, value, "must be a positive finite number or null (no capping)")
+            check_number(own, name, value, "must be a positive finite number or null (no capping)")
             setattr(self, name, float(value))
         check_choice(own, "mlp", self.mlp, MLPS)
         if self.d_ff is not None:
             check_positive_int(own, "d_ff", self.d_ff)
-        if as_float(self.rope_theta) <= 0:
-            fail(own, "rope_theta", self.rope_theta, "must be a positive number")
-        if not (isinstance(self.dropout, (int, float)) and 0.0 <= self.dropout < 1.0):
-            fail(own, "dropout", self.dropout, "must be in [0, 1)")
-        if not (isinstance(self.norm_eps, (int, float)) and self.norm_eps > 0):
-            fail(own, "norm_eps", self.norm_eps, "must be a positive number")
-        if not (isinstance(self.init_std, (int, float)) and self.init_std > 0):
-            fail(own, "init_std", self.init_std, "must be a positive number")
+        for name in ("rope_theta", "norm_eps", "init_std"):
+            check_number(own, name, getattr(self, name))
+        check_number(own, "dropout", self.dropout, "must be in [0, 1)", lambda x: 0 <= x < 1)
         if self.temperature_floor_scale is not None:
             check_positive_int(own, "temperature_floor_scale", self.temperature_floor_scale)
-        if not as_float(self.temperature_attn_scale) >= 0:
-            fail(own, "temperature_attn_scale", self.temperature_attn_scale, "must be a number >= 0")
+        check_number(own, "temperature_attn_scale", self.temperature_attn_scale,
+                     "must be a finite number >= 0", lambda x: x >= 0)
+        if self.rope_scaling is not None and not isinstance(self.rope_scaling, Mapping):
+            fail(own, "rope_scaling", self.rope_scaling, "must be null or a mapping such as "
+                 "{type: linear, factor: 2.0}")
         for name in dict.fromkeys(self.layer_pos):
             REGISTRY[name].check_config(self)
+        # After the encodings' own checks, whose messages say more for the encodings the model uses.
+        for name in ENCODING_INTS:
+            check_positive_int(own, name, getattr(self, name))
+        for name in ("rope_fraction", "rope_p"):
+            check_number(own, name, getattr(self, name), "must be in (0, 1]", lambda x: 0 < x <= 1)
+        check_number(own, "xpos_scale_base", self.xpos_scale_base)
         if self.rope_scaling is not None:
-            if not any(REGISTRY[name].rotary for name in self.layer_pos):
-                rotary = " | ".join(name for name, encoding in REGISTRY.items() if encoding.rotary)
+            if not self.rotary:
                 fail(own, "rope_scaling", dict(self.rope_scaling),
-                      f"only applies to rotary encodings ({rotary}), this model has pos={self.pos!r}")
+                      f"only applies to rotary encodings ({' | '.join(encodings_with('rotary'))}), this "
+                      f"model has pos={self.pos!r}")
             self.rope_scaling = normalize_rope_scaling(self.rope_scaling, self.max_seq_len)
 
     def _check_pos(self) -> None:
@@ -175,15 +182,15 @@ class ModelConfig:
                  f"paper's maps are plain softmaxes); pos={self.pos!r} adds {' and '.join(biased)}")
 
     def _check_mla(self) -> None:
+        check_positive_int("model", "mla_rope_dim", self.mla_rope_dim)
+        if self.mla_q_rank is not None:
+            check_positive_int("model", "mla_q_rank", self.mla_q_rank)
         if self.mla_kv_rank is None:
             if self.mla_q_rank is not None:
                 fail("model", "mla_q_rank", self.mla_q_rank, "needs mla_kv_rank: low-rank queries are part "
                      "of multi-head latent attention")
             return
         check_positive_int("model", "mla_kv_rank", self.mla_kv_rank)
-        if self.mla_q_rank is not None:
-            check_positive_int("model", "mla_q_rank", self.mla_q_rank)
-        check_positive_int("model", "mla_rope_dim", self.mla_rope_dim)
         if self.mla_rope_dim % 2:
             fail("model", "mla_rope_dim", self.mla_rope_dim, "must be even: RoPE rotates pairs")
         why = "with mla_kv_rank (multi-head latent attention: decoupled RoPE, MHA over the latent)"
@@ -241,6 +248,19 @@ class ModelConfig:
     def layer_pos(self) -> tuple[str, ...]:
         """The encoding of each layer: ``pos`` repeated, or its list cycled over the layers."""
         return per_layer(self.pos, self.n_layer)
+
+    @property
+    def rotary(self) -> bool:
+        """Whether some layer's encoding rotates q and k (``PositionalEncoding.rotary``: RoPE, xPos,
+        alone or in a per-layer layout such as iRoPE): the models a RoPE scaling applies to, by config,
+        zero-shot or by context extension."""
+        return any(REGISTRY[name].rotary for name in self.layer_pos)
+
+    @property
+    def length_limit(self) -> int | None:
+        """The longest input the model is defined at: ``max_seq_len`` when an encoding has a learned
+        length (``PositionalEncoding.learned_length``: no value past its table), else None (any)."""
+        return self.max_seq_len if any(REGISTRY[name].learned_length for name in self.layer_pos) else None
 
     @property
     def head_dim(self) -> int:

@@ -1,6 +1,7 @@
 """The schema of a training run: data, tokenizer, training loop, logger, and ``RunConfig``.
 
-Like ``ModelConfig``, every dataclass validates itself in ``__post_init__`` with one-line errors.
+Like ``ModelConfig``, every dataclass validates every field in ``__post_init__`` with one-line
+errors; a number is an int or a float (never a bool or a string) and finite.
 Building a config never touches the disk: ``train.init_from`` is resolved by ``train()``.
 """
 
@@ -19,6 +20,7 @@ from nanoattn.validation import (
     check_bool,
     check_choice,
     check_non_negative_int,
+    check_number,
     check_positive_int,
     check_text,
     fail,
@@ -78,9 +80,8 @@ class DataConfig:
         self.paths = list(self.paths)
         if self.corpus == "text" and not self.paths:
             fail(own, "paths", self.paths, "corpus='text' needs at least one file or folder")
-        if not 0.0 < as_float(self.val_fraction) < 1.0:
-            fail(own, "val_fraction", self.val_fraction, "must be in (0, 1)")
-        if self.corpus == "hf":
+        check_number(own, "val_fraction", self.val_fraction, "must be in (0, 1)", lambda x: 0 < x < 1)
+        if self.corpus == "hf" or self.hf_name is not None:  # needed by hf, and a name wherever it is set
             check_text(own, "hf_name", self.hf_name)
         for name in ("text_field", "train_split"):
             check_text(own, name, getattr(self, name))
@@ -155,31 +156,23 @@ class TrainConfig:
             check_positive_int(own, "seq_len", self.seq_len)
         if self.keep_last is not None:
             check_positive_int(own, "keep_last", self.keep_last)
-        if not as_float(self.lr) > 0:
-            fail(own, "lr", self.lr, "must be a positive number")
+        for name in ("lr", "muon_lr_scale", "embedding_lr_scale", "head_lr_scale"):
+            check_number(own, name, getattr(self, name), "must be a positive number")
         if self.min_lr is None:  # 12 digits: config.yaml shows 0.0003, not 0.00030000000000000003
             self.min_lr = float(f"{self.lr / 10:.12g}")
         if not 0 <= as_float(self.min_lr) <= self.lr:
             fail(own, "min_lr", self.min_lr, f"must be in [0, lr={self.lr}]")
         check_choice(own, "schedule", self.schedule, SCHEDULES)
         check_choice(own, "optimizer", self.optimizer, OPTIMIZERS)
-        if not as_float(self.muon_lr_scale) > 0:
-            fail(own, "muon_lr_scale", self.muon_lr_scale, "must be a positive number")
-        for name in ("embedding_lr_scale", "head_lr_scale"):
-            if not as_float(getattr(self, name)) > 0:
-                fail(own, name, getattr(self, name), "must be a positive number")
-        if self.muon_weight_decay is not None and not as_float(self.muon_weight_decay) >= 0:
-            fail(own, "muon_weight_decay", self.muon_weight_decay, "must be a non-negative number or null")
-        if not 0 <= as_float(self.muon_momentum) < 1:
-            fail(own, "muon_momentum", self.muon_momentum, "must be in [0, 1)")
-        if not 0 < as_float(self.decay_fraction) <= 1:
-            fail(own, "decay_fraction", self.decay_fraction, "must be in (0, 1]")
+        if self.muon_weight_decay is not None:
+            check_number(own, "muon_weight_decay", self.muon_weight_decay,
+                         "must be a non-negative number or null", lambda x: x >= 0)
+        check_number(own, "muon_momentum", self.muon_momentum, "must be in [0, 1)", lambda x: 0 <= x < 1)
+        check_number(own, "decay_fraction", self.decay_fraction, "must be in (0, 1]", lambda x: 0 < x <= 1)
         for name in ("weight_decay", "grad_clip"):
-            if not as_float(getattr(self, name)) >= 0:
-                fail(own, name, getattr(self, name), "must be a non-negative number")
+            check_number(own, name, getattr(self, name), "must be a non-negative number", lambda x: x >= 0)
         for name in ("beta1", "beta2"):
-            if not 0 <= as_float(getattr(self, name)) < 1:
-                fail(own, name, getattr(self, name), "must be in [0, 1)")
+            check_number(own, name, getattr(self, name), "must be in [0, 1)", lambda x: 0 <= x < 1)
         for name in ("decay_embeddings", "compile"):
             check_bool(own, name, getattr(self, name))
         check_choice(own, "dtype", self.dtype, TRAIN_DTYPES)
@@ -188,8 +181,8 @@ class TrainConfig:
             check_text(own, "resume", self.resume)
         if self.init_from is not None:
             check_text(own, "init_from", self.init_from)
-        if not 0 <= as_float(self.passkey_fraction) <= 1:
-            fail(own, "passkey_fraction", self.passkey_fraction, "must be in [0, 1]")
+        check_number(own, "passkey_fraction", self.passkey_fraction, "must be in [0, 1]",
+                     lambda x: 0 <= x <= 1)
 
 
 @dataclass
@@ -197,7 +190,8 @@ class TaskConfig:
     """A task of the suite to train on instead of the corpus text (nanoattn/tasks, docs/tasks.md)."""
 
     name: str | None = None  # None: language modelling on data; else a task of nanoattn.tasks.TASKS
-    train_length: int = 16  # L: training instances have sizes drawn uniformly in [the task's min_size, L]
+    # L: training instances have sizes drawn uniformly in [the task's min_size, L]; None: the task's own
+    train_length: int | None = None
     reversed_answer: bool = True  # addition: the sum written least significant digit first
     ignore_prob: float = 0.8  # flip_flop: share of ignore instructions (sparse 0.98, dense 0.1)
 
@@ -205,13 +199,14 @@ class TaskConfig:
         own = "task"
         if self.name is not None:
             check_choice(own, "name", self.name, tuple(TASKS))
+        if self.train_length is None:
+            self.train_length = (Task if self.name is None else TASKS[self.name]).train_length
         check_positive_int(own, "train_length", self.train_length)
         if self.name is not None and self.train_length < TASKS[self.name].min_size:
             fail(own, "train_length", self.train_length,
                  f"must be at least {TASKS[self.name].min_size}, the smallest {self.name} instance")
         check_bool(own, "reversed_answer", self.reversed_answer)
-        if not 0 <= as_float(self.ignore_prob) < 1:
-            fail(own, "ignore_prob", self.ignore_prob, "must be in [0, 1)")
+        check_number(own, "ignore_prob", self.ignore_prob, "must be in [0, 1)", lambda x: 0 <= x < 1)
 
     def build(self) -> Task:
         """The task generator ``name`` with the options it reads."""
@@ -270,10 +265,11 @@ class RunConfig:
                           ("logger", LoggerConfig), ("task", TaskConfig)):
             if not isinstance(getattr(self, name), cls):
                 fail("run", name, getattr(self, name), f"must be a {cls.__name__} or a mapping")
-        if self.model.pos == "learned" and self.seq_len > self.model.max_seq_len:
+        limit = self.model.length_limit
+        if limit is not None and self.seq_len > limit:
             fail("train", "seq_len", self.train.seq_len,
-                  f"must be at most model.max_seq_len={self.model.max_seq_len} with pos='learned' "
-                  "(the position table has no rows past it)")
+                  f"must be at most model.max_seq_len={limit} with pos={self.model.pos!r} "
+                  "(its learned positions have no value past it)")
 
         if self.model.tie_embeddings and self.train.head_lr_scale != 1:
             # With init_from the model is the checkpoint's, whatever model keys the run set.

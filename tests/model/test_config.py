@@ -1,10 +1,16 @@
 """ModelConfig validation, presets and the seed documents' parameter counts."""
 
+import dataclasses
+import math
+import re
+
 import pytest
 import torch
 
 from nanoattn import GPT, ModelConfig, preset
+from nanoattn.config import DataConfig, LoggerConfig, RunConfig, TaskConfig, TokenizerConfig, TrainConfig
 from nanoattn.model import Attention
+from nanoattn.positional import REGISTRY, encodings_with
 
 
 def count(module: torch.nn.Module) -> int:
@@ -106,3 +112,90 @@ def test_the_relu2_mlp_is_two_matrices_of_4x_width_with_relu_squared_between():
     x = torch.randn(3, 8)
     expected = torch.clamp(x @ mlp.up.weight.T, min=0) ** 2 @ mlp.down.weight.T
     torch.testing.assert_close(mlp(x), expected)
+
+
+# ----------------------------------------------------------------------------- rules by capability
+# Every rule that depends on what an encoding does asks ModelConfig.rotary / length_limit, which ask
+# the registry's flags; these tests hold the flags to what the encodings do.
+
+
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_learned_length_is_exactly_the_encodings_undefined_past_max_seq_len(name):
+    cfg = ModelConfig(vocab_size=16, d_model=32, n_layer=2, n_head=2, max_seq_len=16, pos=name)
+    pos = GPT(cfg).pos
+    pos.check_length(16)
+    if REGISTRY[name].learned_length:
+        assert cfg.length_limit == 16
+        with pytest.raises(ValueError):
+            pos.check_length(17)
+    else:
+        assert cfg.length_limit is None
+        pos.check_length(64)
+
+
+IROPE = ["rope", "rope", "rope", "nope"]
+
+
+@pytest.mark.parametrize("pos,rotary", [
+    ("rope", True), ("xpos", True), (IROPE, True), (["alibi", "xpos"], True), ("alibi", False),
+    (["nope", "alibi"], False)])
+def test_rotary_is_true_when_some_layer_rotates(pos, rotary):
+    cfg = ModelConfig(vocab_size=16, d_model=32, n_layer=4, n_head=2, max_seq_len=16, pos=pos)
+    assert cfg.rotary is rotary
+    assert {"rope", "xpos"} <= set(encodings_with("rotary")) == {n for n, c in REGISTRY.items() if c.rotary}
+
+
+def test_a_run_longer_than_a_learned_length_is_refused_and_any_other_run_is_not():
+    with pytest.raises(ValueError, match=r"^train.seq_len=32 is invalid: must be at most "
+                                         r"model.max_seq_len=16 with pos='learned'"):
+        RunConfig(model={"pos": "learned", "max_seq_len": 16}, train={"seq_len": 32})
+    for name in (n for n, cls in REGISTRY.items() if not cls.learned_length):
+        assert RunConfig(model={"pos": name, "max_seq_len": 16}, train={"seq_len": 32}).seq_len == 32
+
+
+# ----------------------------------------------------------------------------- every field validated
+# Values of a wrong type for each annotation a config field has, so the cases follow the dataclasses:
+# a field of a new annotation fails collection here (KeyError) until its wrong values are added.
+WRONG_TYPE: dict[str, tuple] = {
+    "int": ("4", 2.5, True), "int | None": ("4", 2.5, True),
+    "float": ("0.5", True, None), "float | None": ("0.5", True),
+    "bool": ("yes", 1, None), "str": (1, None), "str | None": (1, ["a"]), "list[str]": ("a.txt", [1]),
+    "dict[str, Any] | None": ("linear", [2.0]),
+    **{section: (1,) for section in ("TokenizerConfig", "ModelConfig", "DataConfig", "TrainConfig",
+                                     "LoggerConfig", "TaskConfig")},
+}
+WRONG_ANY = {"pos": (1, {"rope": 1}), "sliding_window": ("64", 2.5), "resume": (1, None)}  # Any: by name
+CONFIGS = {ModelConfig: "model", TokenizerConfig: "data.tokenizer", DataConfig: "data", TrainConfig: "train",
+           TaskConfig: "task", LoggerConfig: "logger", RunConfig: "run"}
+
+
+def _cases(wrong):
+    return [pytest.param(cls, f.name, value, id=f"{owner}.{f.name}={value!r}")
+            for cls, owner in CONFIGS.items() for f in dataclasses.fields(cls) for value in wrong(f)]
+
+
+@pytest.mark.parametrize("cls,name,value", _cases(lambda f: WRONG_ANY[f.name] if f.type == "Any"
+                                                  else WRONG_TYPE[f.type]))
+def test_every_config_field_refuses_a_value_of_a_wrong_type(cls, name, value):
+    """ModelConfig and the run's sections: a bool, a string or None where a number belongs (or the
+    reverse) is a one-line error naming the field, never a config that trains garbage."""
+    with pytest.raises(ValueError, match=rf"^{re.escape(CONFIGS[cls])}\.{name}=.* is invalid: ") as err:
+        cls(**{name: value})
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("cls,name,value", _cases(lambda f: (math.inf, -math.inf, math.nan)
+                                                  if f.type.startswith("float") else ()))
+def test_no_float_field_takes_a_non_finite_value(cls, name, value):
+    with pytest.raises(ValueError, match=rf"^{re.escape(CONFIGS[cls])}\.{name}={value!r} is invalid: "):
+        cls(**{name: value})
+
+
+def test_ints_stand_for_floats_and_unused_fields_keep_their_own_rules():
+    cfg = ModelConfig(rope_theta=500000, dropout=0, norm_eps=1, bias=True, tie_embeddings=False)
+    assert (cfg.rope_theta, cfg.dropout, cfg.bias, cfg.tie_embeddings) == (500000, 0, True, False)
+    assert TrainConfig(lr=1, grad_clip=0).min_lr == 0.1
+    # An encoding's own rule applies when the model uses it; otherwise only the type and sign.
+    assert ModelConfig(t5_num_buckets=1).t5_num_buckets == 1
+    with pytest.raises(ValueError, match=r"^model.t5_num_buckets=1 is invalid: must be an integer >= 2"):
+        ModelConfig(pos="t5", t5_num_buckets=1)
