@@ -6,8 +6,10 @@
   ``__post_init__`` fills derived values (``n_kv_head = n_head``, ``min_lr = lr / 10``) that
   must stay derived when other keys are overridden. The dataclass validates the values when the
   script builds it, each mistake in a one-line error. The YAML files state no default again.
-- ``nanoattn.config.PRESETS`` are registered as the ``model`` group, so ``model=llama-tiny``
-  reads the one definition of each preset.
+- The groups whose options are registries are registered from them (``register_options``):
+  ``model`` from ``nanoattn.config.PRESETS``, ``recipe``, ``pos`` and ``attention`` from
+  ``nanoattn.config.options``, ``task`` from ``nanoattn.tasks.TASKS``. Each option is read from
+  its one definition, and a new registry entry is an option with no file to add.
 - ``command`` is a whole script: compose ``configs/<name>.yaml``, build its schema, call the
   library. ``guarded`` is the one error handler: a user's mistake (a bad value, a missing file,
   a Hydra composition error, Ctrl-C) ends in one ``error: ...`` line and a non-zero exit.
@@ -38,7 +40,9 @@ from omegaconf.errors import (
 )
 
 from nanoattn.config import PRESETS
+from nanoattn.config.options import ATTENTION_VARIANTS, RECIPES, encoding_options
 from nanoattn.runtime import keep_freed_memory
+from nanoattn.tasks import TASKS
 from nanoattn.validation import declared_defaults, from_dict
 
 # Absolute: hydra.main resolves a relative path against the module that calls it, which is this one.
@@ -63,9 +67,19 @@ def register_schema(name: str, node: type | dict[str, Any]) -> None:
     ConfigStore.instance().store(name=name, node=node)
 
 
-def register_presets() -> None:
+def register_options() -> None:
+    """The groups read from the registries, as they are when this is called."""
+    store = ConfigStore.instance()
     for name, fields in PRESETS.items():
-        ConfigStore.instance().store(group="model", name=name, node=dict(fields))
+        store.store(group="model", name=name, node=dict(fields))
+    for name, sections in RECIPES.items():
+        store.store(group="recipe", name=name, node=dict(sections), package="_global_")
+    for name, fields in encoding_options().items():
+        store.store(group="pos", name=name, node=dict(fields), package="model")
+    for name, fields in ATTENTION_VARIANTS.items():
+        store.store(group="attention", name=name, node=dict(fields), package="model")
+    for name in TASKS:
+        store.store(group="task", name=name, node={"name": name}, package="task")
 
 
 def _siblings(full_key: str) -> list[str]:
@@ -148,6 +162,15 @@ def command(name: str, schema: type, run: Callable[[Any], Any]) -> Callable[[], 
     return lambda: guarded(main)
 
 
+# The training command a lab runs once per run: the library never reaches into scripts/.
+TRAINER = (sys.executable, str(Path(__file__).resolve().with_name("train.py")))
+
+
+def lab_command(name: str, schema: type, run: Callable[..., Any]) -> Callable[[], None]:
+    """``command`` for a lab: ``run(config, trainer=TRAINER)``."""
+    return command(name, schema, lambda cfg: run(cfg, trainer=TRAINER))
+
+
 def training_command(name: str, schema: dict[str, Any], run: Callable[[dict[str, Any]], Any],
                      errors: tuple[type[BaseException], ...]) -> Callable[[], None]:
     """The whole script of a training entry point (train, extend_context) for ``configs/<name>.yaml``.
@@ -157,7 +180,7 @@ def training_command(name: str, schema: dict[str, Any], run: Callable[[dict[str,
     ``errors`` are the training errors that are the user's to fix (a diverged run).
     """
     register_schema(f"{name}_schema", schema)
-    register_presets()
+    register_options()
 
     @hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name=name)
     def main(cfg: DictConfig) -> None:

@@ -9,7 +9,6 @@ are one-line errors naming the key.
 from __future__ import annotations
 
 import json
-import math
 import runpy
 import subprocess
 import sys
@@ -36,12 +35,12 @@ from nanoattn.bench import (
     run_sections,
 )
 from nanoattn.bench.bare import BareGPT
-from nanoattn.bench.core import DEFAULT_RECIPE
+from nanoattn.bench.core import DEFAULT_RECIPE, shape_text
 from nanoattn.bench.speedrun import recipe, scores, time_to, training_curve, value_at
 from nanoattn.bench.train import TwinLoss, training_twin
-from nanoattn.bench.variants import BENCH_ATTENTION
+from nanoattn.bench.variants import bench_attention
 from nanoattn.config import ModelConfig, RunConfig, preset
-from nanoattn.positional import REGISTRY
+from nanoattn.config.options import encoding_options
 from nanoattn.train import step
 from nanoattn.validation import from_dict
 
@@ -49,7 +48,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 from _hydra_cli import register_schema  # noqa: E402  (scripts/ is not a package)
 
-TINY = dict(vocab_size=96, d_model=32, n_layer=2, n_head=4, n_kv_head=2, d_ff=64, max_seq_len=16)
+# 4 layers: the deepest registry options (the iRoPE layout, two value tables) fit.
+TINY = dict(vocab_size=96, d_model=32, n_layer=4, n_head=4, n_kv_head=2, d_ff=64, max_seq_len=16)
 
 
 def tiny_config(**overrides) -> BenchConfig:
@@ -70,7 +70,19 @@ def write_run(run: Path, rates: list[float]) -> None:
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
 
 
-def test_every_section_runs_and_compares_like_with_like(tmp_path):
+def distinct_times(monkeypatch) -> None:
+    """The timed sections run every step as before, then report made-up times, all different
+    (1, 2, 3 ... ms in the order timed): a ratio taken against the wrong row cannot come out right."""
+    def alternate(fns, reps, device, warmup=1):
+        nanoattn.bench.core.alternate(fns, reps, device, warmup)
+        return {name: (i + 1) / 1000 for i, name in enumerate(fns)}
+
+    for module in (nanoattn.bench.train, nanoattn.bench.variants):
+        monkeypatch.setattr(module, "alternate", alternate)
+
+
+def test_every_section_runs_and_compares_like_with_like(tmp_path, monkeypatch):
+    distinct_times(monkeypatch)
     write_run(tmp_path / "run", [10.0, 500.0, 300.0, 400.0])
     rows = run_sections(["train", "mfu", "decode", "eval", "e2e", "encodings", "attention"],
                         tiny_config(run=str(tmp_path / "run")))
@@ -81,14 +93,24 @@ def test_every_section_runs_and_compares_like_with_like(tmp_path):
     # The exported twin and the bare reference have our weights, so all compute the same loss.
     assert train[0]["initial_loss"] == pytest.approx(train[1]["initial_loss"], rel=1e-5)
     assert train[0]["initial_loss"] == pytest.approx(train[2]["initial_loss"], rel=1e-5)
-    assert all(r["vs_bare"] == 1.0 for r in train if r["impl"] == "bare")
-    assert all(r["vs_transformers"] == 1.0 for r in train if r["impl"] == "transformers")
+    # Each rate is a ratio to the transformers and the bare rows of its own dtype.
+    for dtype in ("float32", "bfloat16"):
+        ms = {r["impl"]: r["step_ms"] for r in train if r["dtype"] == dtype}
+        assert len(set(ms.values())) == 3
+        for r in (r for r in train if r["dtype"] == dtype):
+            assert r["tok_per_s"] == pytest.approx(2 * 16 / (r["step_ms"] / 1000))
+            assert r["vs_bare"] == pytest.approx(ms["bare"] / r["step_ms"])
+            assert r["vs_transformers"] == pytest.approx(ms["transformers"] / r["step_ms"])
     assert "vs_transformers" in format_table(train).splitlines()[0]
 
     mfu = rows["mfu"]
     assert [(r["impl"], r["dtype"]) for r in mfu[:2]] == [("matmul 1024^3", "float32"),
                                                           ("matmul 1024^3", "bfloat16")]
-    assert all(math.isfinite(r["mfu"]) and r["mfu"] > 0 for r in mfu[2:])
+    peak = {r["dtype"]: r["gflop_per_s"] for r in mfu[:2]}
+    assert [(r["impl"], r["dtype"]) for r in mfu[2:]] == [(r["impl"], r["dtype"]) for r in train]
+    for r, timed in zip(mfu[2:], train, strict=True):  # each train row's FLOP/s over its dtype's peak
+        assert r["gflop_per_s"] == pytest.approx(timed["flops_per_token"] * timed["tok_per_s"] / 1e9)
+        assert r["mfu"] == pytest.approx(r["gflop_per_s"] / peak[r["dtype"]])
 
     decode = rows["decode"]
     greedy = [(r["impl"], r["batch"], r["same_tokens"]) for r in decode if r["impl"].endswith("greedy")]
@@ -103,14 +125,15 @@ def test_every_section_runs_and_compares_like_with_like(tmp_path):
     assert [r["length"] for r in evaluation if r["pos"] == "rope"] == [64, 256, 1024]  # quick: 1x = 64
 
     encodings = rows["encodings"]
-    assert [r["pos"] for r in encodings] == [*REGISTRY, "[rope,nope]"]
-    assert next(r["vs_rope"] for r in encodings if r["pos"] == "rope") == 1.0
-    assert all(r["tok_per_s"] > 0 and r["shape"].endswith("T64") for r in encodings)  # quick: T = 64
+    assert [r["pos"] for r in encodings] == list(encoding_options())
+    rope = next(r["step_ms"] for r in encodings if r["pos"] == "rope")
+    assert all(r["vs_rope"] == pytest.approx(rope / r["step_ms"]) for r in encodings)
+    assert all(r["shape"].endswith("T64") for r in encodings)  # quick: T = 64
 
     attention = rows["attention"]
-    assert [r["variant"] for r in attention] == list(BENCH_ATTENTION)
-    assert next(r["vs_plain"] for r in attention if r["variant"] == "plain") == 1.0
-    assert all(r["tok_per_s"] > 0 for r in attention)
+    assert [r["variant"] for r in attention] == list(bench_attention())
+    plain = next(r["step_ms"] for r in attention if r["variant"] == "plain")
+    assert all(r["vs_plain"] == pytest.approx(plain / r["step_ms"]) for r in attention)
 
     [e2e] = rows["e2e"]
     assert e2e["shape"].endswith("B4 T16")  # batch_size x grad_accum sequences per optimizer step
@@ -173,7 +196,8 @@ def test_profile_splits_the_recipes_step_by_kind_of_work():
                                ({"train_recipe": [bf16, "model.attn_kernel=sdpa"]}, "adamw")):
         rows = run_sections(["profile"], tiny_config(**options))["profile"]
         assert {r["optimizer"] for r in rows} == {optimizer}
-        assert {r["shape"] for r in rows} == {"d128 L4 H4/2 ff384 V2048 B8 T256"}  # the run's, not `model`
+        run = recipe(options.get("train_recipe", DEFAULT_RECIPE))  # its shape, not `model`'s
+        assert {r["shape"] for r in rows} == {shape_text(run.model, run.train.batch_size, run.seq_len)}
         assert sum(r["share"] for r in rows) == pytest.approx(1.0)
         assert {"matmul", "softmax and loss", "optimizer"} <= {r["kind"] for r in rows}
         if options:

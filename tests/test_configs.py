@@ -9,29 +9,36 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 from hydra import compose, initialize_config_dir
+from hydra.core.config_store import ConfigStore
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf, open_dict
 
 from nanoattn.bench.core import BenchConfig
 from nanoattn.bench.speedrun import recipe
-from nanoattn.commands.labs import LAB_ENCODINGS
 from nanoattn.config import PRESETS, LoggerConfig, RunConfig, TrainConfig, preset
+from nanoattn.config.options import ATTENTION_VARIANTS, RECIPES, as_overrides, encoding_options
 from nanoattn.positional import REGISTRY
+from nanoattn.tasks import TASKS
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs"
 sys.path.insert(0, str(REPO / "scripts"))
-from _hydra_cli import register_presets, register_schema  # noqa: E402  (scripts/ is not a package)
+from _hydra_cli import register_options, register_schema  # noqa: E402  (scripts/ is not a package)
 
 register_schema("train_schema", RunConfig)
-register_presets()
+register_options()
 
 
 def _names(group: str) -> list[str]:
     return sorted(p.stem for p in (CONFIGS / group).glob("*.yaml"))
+
+
+def _options(group: str) -> list[str]:
+    """The options Hydra offers for ``group``: its files and the registered nodes."""
+    registered = (name.removesuffix(".yaml") for name in ConfigStore.instance().repo[group])
+    return sorted({*_names(group), *registered})
 
 
 def _compose(overrides: list[str], hydra: bool = False):
@@ -53,31 +60,45 @@ def _run_config(overrides: list[str]) -> RunConfig:
     return RunConfig.from_dict(_values(overrides))
 
 
-def test_the_model_group_is_the_presets_and_nothing_else():
-    assert not (CONFIGS / "model").exists()  # one source per preset: nanoattn.config.PRESETS
-    # Every registered encoding has its option, and every option is a row of the extrapolation lab.
-    assert set(REGISTRY) <= set(_names("pos")) == set(LAB_ENCODINGS)
+def test_the_registry_groups_are_the_registries_and_have_no_files():
+    """One definition per option: the groups are read from the registries, never restated in YAML."""
+    for group in ("model", "pos", "attention", "recipe", "task"):
+        assert not (CONFIGS / group).exists(), group
+    assert _options("model") == sorted(PRESETS)
+    assert _options("pos") == sorted(encoding_options()) and set(REGISTRY) <= set(encoding_options())
+    assert _options("attention") == sorted(ATTENTION_VARIANTS)
+    assert _options("recipe") == sorted(RECIPES)
+    assert _options("task") == sorted(TASKS)
     assert _names("logger") == ["console", "none", "wandb"]
     assert "debug" in _names("experiment")
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
 def test_each_model_option_equals_its_preset(name):
-    assert _run_config([f"model={name}", "recipe=adamw"]).model == preset(name)
-    # The default recipe unties the head (its rate is set apart), adds token shift and changes nothing else.
-    assert _run_config([f"model={name}"]).model == dataclasses.replace(preset(name), tie_embeddings=False,
-                                                                        token_shift=True)
+    assert _run_config([f"model={name}", "recipe=adamw_baseline"]).model == preset(name)
+    # The default recipe sets its model fields and changes nothing else.
+    default = dataclasses.replace(preset(name), **RECIPES["default"]["model"])
+    assert _run_config([f"model={name}"]).model == default
 
 
-@pytest.mark.parametrize("pos", _names("pos"))
+@pytest.mark.parametrize("pos", sorted(encoding_options()))
 @pytest.mark.parametrize("model", ["gpt-tiny", "llama-tiny", "llama-small"])
 def test_each_pos_composes_with_each_cpu_model(model, pos):
-    """The option sets its own fields (pos, and a variant's: rope_fraction, a layout ...) and no other."""
-    own = OmegaConf.to_container(OmegaConf.load(CONFIGS / "pos" / f"{pos}.yaml"))
+    """The option sets its own fields (pos, and a named form's: rope_fraction, a layout ...) and no other."""
+    own = encoding_options()[pos]
     run = _run_config([f"model={model}", f"pos={pos}"]).model.to_dict()
     assert {k: run[k] for k in own} == own and run["rope_scaling"] is None
     base = _run_config([f"model={model}"]).model.to_dict()
     assert {k: v for k, v in run.items() if k not in own} == {k: v for k, v in base.items() if k not in own}
+
+
+@pytest.mark.parametrize("variant", sorted(ATTENTION_VARIANTS))
+def test_each_attention_variant_sets_its_fields_on_the_attention_labs_model(variant):
+    run = _run_config(["experiment=attention", f"attention={variant}"]).model
+    fields = {**ATTENTION_VARIANTS[variant]}
+    if fields.get("n_kv_head", 0) is None:  # null: as many key/value heads as query heads
+        fields["n_kv_head"] = run.n_head
+    assert {k: getattr(run, k) for k in fields} == fields
 
 
 def test_without_pos_a_preset_keeps_its_own_encoding():
@@ -85,8 +106,8 @@ def test_without_pos_a_preset_keeps_its_own_encoding():
     assert _run_config(["model=llama-tiny"]).model.pos == "rope"
 
 
-def test_the_first_rounds_recipe_is_the_dataclass_defaults_with_llama_tiny():
-    run = _run_config(["recipe=adamw"])
+def test_the_adamw_baseline_is_the_dataclass_defaults_with_llama_tiny():
+    run = _run_config(["recipe=adamw_baseline"])
     assert run.train == TrainConfig() and run.logger == LoggerConfig()
     assert run.model == preset("llama-tiny") and run.data.name == "shakespeare"
     assert run.out_dir.startswith("runs/")
@@ -105,58 +126,43 @@ def test_each_experiment_composes(experiment):
     RunConfig.from_dict(values)
 
 
-@pytest.mark.parametrize("recipe", _names("recipe"))
-def test_each_recipe_of_the_search_composes_over_the_default_run(recipe):
-    def stated(name: str) -> dict[str, dict]:
-        """A recipe's keys by section, those of the recipes it builds on (its defaults) first."""
-        text = yaml.safe_load((CONFIGS / "recipe" / f"{name}.yaml").read_text())
-        merged: dict[str, dict] = {}
-        for base in text.pop("defaults", []):
-            if base != "_self_":
-                for section, values in stated(base).items():
-                    merged.setdefault(section, {}).update(values)
-        for section, values in text.items():
-            merged.setdefault(section, {}).update(values)
-        return merged
-
-    cfg = _run_config([f"recipe={recipe}"])
-    for section, values in stated(recipe).items():
-        assert {k: getattr(getattr(cfg, section), k) for k in values} == values
+@pytest.mark.parametrize("name", sorted(RECIPES))
+def test_each_recipe_sets_its_fields_over_the_default_run(name):
+    cfg = _run_config([f"recipe={name}"])
+    for section, fields in RECIPES[name].items():
+        assert {k: getattr(getattr(cfg, section), k) for k in fields} == fields
 
 
-def test_the_default_run_is_the_default_recipe_and_adamw_is_the_first_rounds():
+def test_the_default_run_is_the_default_recipe_everywhere_it_is_used():
     def run(config: RunConfig) -> RunConfig:
         return dataclasses.replace(config, out_dir="x")  # the run directory is the one key that differs
 
     default = run(_run_config([]))
     bench = BenchConfig()
-    assert bench.speedrun_candidate == bench.train_recipe  # speedrun trains it, train and profile step it
+    assert list(bench.speedrun_candidate) == list(bench.train_recipe) == as_overrides(RECIPES["default"])
     assert default == run(recipe(bench.train_recipe))
-    model = default.model
-    assert (default.train.optimizer, model.tie_embeddings, model.token_shift) == ("muon", False, True)
-    assert run(_run_config(["recipe=adamw"])) == run(recipe([]))
+    assert run(_run_config(["recipe=adamw_baseline"])) == run(recipe([]))
 
 
 @pytest.mark.parametrize("experiment", ["extrapolation", "attention", "passkey", "pos_sweep"])
-def test_the_position_labs_train_the_default_recipe_without_token_shift(experiment):
+def test_the_position_labs_train_the_labs_recipe(experiment):
     """Token shift is a position signal of its own; the labs measure each encoding alone."""
-    default, lab = _values([]), _values([f"experiment={experiment}", "pos=rope"])
-    assert lab["model"]["token_shift"] is False and default["model"]["token_shift"] is True
-    # muon_embed: the default recipe's optimizer and rates set apart, at the 2,000-step schedule's lr.
-    labs_recipe = _values(["recipe=muon_embed"])["train"]
-    shared = ("optimizer", "embedding_lr_scale", "head_lr_scale")
-    assert {k: labs_recipe[k] for k in shared} == {k: default["train"][k] for k in shared}
-    if experiment != "passkey":  # its fine-tune keeps its own rate
-        assert {k: lab["train"][k] for k in (*shared, "lr")} == {k: labs_recipe[k] for k in (*shared, "lr")}
+    lab = _values([f"experiment={experiment}", "pos=rope"])
+    assert lab["model"]["token_shift"] is False and _values([])["model"]["token_shift"] is True
+    fields = RECIPES["labs"]["train"]
+    if experiment == "passkey":  # its fine-tune keeps its own rate
+        fields = {k: v for k, v in fields.items() if k != "lr"}
+    assert {k: lab["train"][k] for k in fields} == fields
     # A row of the attention lab, and a user's override, still switch it on.
     assert _values(["experiment=attention", "attention=token_shift"])["model"]["token_shift"] is True
     assert _values([f"experiment={experiment}", "pos=rope", "model.token_shift=true"])["model"]["token_shift"]
 
 
-@pytest.mark.parametrize("task", _names("task"))
+@pytest.mark.parametrize("task", sorted(TASKS))
 def test_each_task_composes_into_the_task_suites_run(task):
     cfg = _run_config(["experiment=tasks", f"task={task}", "pos=nope"])
     assert cfg.task.name == task and cfg.data.tokenizer.type == "byte" and cfg.train.seq_len is None
+    assert cfg.task.train_length == TASKS[task].train_length
     assert cfg.out_dir == f"runs/tasks/{task}"
     # The suite keeps its own optimizer keys (docs/tasks.md measured them), not the default recipe's.
     assert (cfg.train.optimizer, cfg.train.lr, cfg.model.tie_embeddings, cfg.train.head_lr_scale) == (

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from nanoattn.config import PRESETS, ModelConfig, preset
+from nanoattn.config.options import RECIPES, as_overrides
 from nanoattn.runtime import check_device_name, pick_device, synchronize
 from nanoattn.validation import as_float, check_bool, check_choice, check_positive_int, check_text, fail
 
@@ -30,11 +31,8 @@ Row = dict[str, Any]
 Section = Callable[["BenchConfig", Mapping[str, list[Row]]], list[Row]]
 SECTIONS: dict[str, Section] = {}  # filled by @section when nanoattn.bench imports the section modules
 TRAIN_DTYPES = ("float32", "bfloat16")  # train measures both; decode and eval take one (bfloat16: autocast)
-# The default recipe, configs/recipe/muon_embed_shift_1300.yaml, as key=value overrides of the first
-# round's default run (speedrun.recipe); tests/test_configs.py checks that the two agree.
-DEFAULT_RECIPE = ("train.optimizer=muon", "train.lr=0.01", "model.tie_embeddings=false",
-                  "train.embedding_lr_scale=10", "train.head_lr_scale=0.3", "model.token_shift=true",
-                  "train.max_steps=1300", "train.warmup_steps=50")
+# The default recipe as key=value overrides of the dataclasses' defaults (speedrun.recipe).
+DEFAULT_RECIPE = tuple(as_overrides(RECIPES["default"]))
 
 
 @dataclass
@@ -61,15 +59,15 @@ class BenchConfig:
     threads: int | None = None  # torch CPU threads; null: torch's default
     e2e_seconds: float | None = None  # e2e: time the bare step at least this long; null: 30 (quick: 10)
     # train, mfu, profile: the step's recipe (optimizer, rates, a tied or untied head), key=value over
-    # the first round's default run like speedrun's (train and mfu apply its model keys to `model`);
-    # []: the first round's AdamW
+    # the dataclasses' defaults like speedrun's (train and mfu apply its model keys to `model`);
+    # []: recipe=adamw_baseline
     train_recipe: list[str] = dataclasses.field(default_factory=lambda: list(DEFAULT_RECIPE))
     # speedrun (not in the default list: two whole trainings, about 10 minutes on 2 CPU cores):
-    # key=value over RunConfig's defaults on llama-tiny: by default the first round's default run as
-    # it ran (recipe=adamw, on SDPA's attention kernel); [] gives it this round's kernel choice
+    # key=value over RunConfig's defaults on llama-tiny: by default recipe=adamw_baseline on SDPA's
+    # attention kernel; [] gives it the default kernel choice
     speedrun_reference: list[str] = dataclasses.field(default_factory=lambda: ["model.attn_kernel=sdpa"])
     speedrun_candidate: list[str] = dataclasses.field(default_factory=lambda: list(DEFAULT_RECIPE))
-    speedrun_target: float = 2.044  # val_bpb: the round-1 default's final value on the held-out plays
+    speedrun_target: float = 2.044  # val_bpb: adamw_baseline's final value on the held-out plays
     speedrun_eval_interval: int = 100  # steps between the evaluations the curves are read from
     sweep: str | None = None  # sweep: a finished recipe sweep's folder of <recipe>/<seed> runs
 

@@ -1,10 +1,10 @@
 """``speedrun``: a reference recipe against a candidate, each a whole training run, back to back.
 
 - Both are training runs through ``nanoattn.train.train`` on the default data, built from
-  ``RunConfig(model=preset("llama-tiny"))`` (the first round's default run, ``python
-  scripts/train.py recipe=adamw``) plus overrides: ``speedrun_reference`` (by default
-  ``model.attn_kernel=sdpa``: that run as the first round ran it) and ``speedrun_candidate`` (by
-  default the default recipe's, configs/recipe/muon_embed_shift_1300.yaml), each ``key=value`` with
+  ``RunConfig(model=preset("llama-tiny"))`` (``python scripts/train.py recipe=adamw_baseline``)
+  plus overrides: ``speedrun_reference`` (by default ``model.attn_kernel=sdpa``: the baseline on
+  SDPA's kernel) and ``speedrun_candidate`` (by default the default recipe's,
+  ``nanoattn.config.options.RECIPES["default"]``), each ``key=value`` with
   the value read as YAML. They run back to back
   in this process on the same machine state, each evaluating every ``speedrun_eval_interval``
   steps on the same fixed validation windows.
@@ -37,7 +37,7 @@ from nanoattn.train import train
 
 
 def recipe(overrides: Sequence[str], base_model: ModelConfig | None = None, **train_fields: Any) -> RunConfig:
-    """The first round's default run with ``overrides`` (``a.b=value``, YAML values) and ``train_fields``;
+    """recipe=adamw_baseline's run with ``overrides`` (``a.b=value``, YAML values) and ``train_fields``;
     ``base_model`` replaces its model (llama-tiny) before the overrides apply."""
     values = RunConfig(model=base_model or preset("llama-tiny")).to_dict()
     values["train"]["min_lr"] = None  # declared None (lr / 10): derived again from the overridden lr

@@ -1,12 +1,10 @@
 """``encodings`` and ``attention``: the price of each positional encoding and attention variant in
 training tokens/s, side by side.
 
-- ``encodings``: every registered encoding, plus a RoPE/NoPE interleaving (a per-layer layout, as
-  Llama 4's iRoPE and SmolLM3 use; 1:1 so it fits any depth >= 2), as a ratio to RoPE's.
-- ``attention``: the plain block and each attention variant (QK-norm before and after RoPE, score
-  and logit soft-capping at Gemma 2's caps, learned sinks, a 64-token sliding window in every
-  layer, differential attention, multi-head latent attention, value embeddings, token shift), as a
-  ratio to the plain block's, and the plain block on SDPA's kernel (``attn_kernel=sdpa``).
+- ``encodings``: every ``pos`` option (``nanoattn.config.options.encoding_options``: each registry
+  encoding and the named forms, the iRoPE layout among them), as a ratio to RoPE's.
+- ``attention``: every variant of ``nanoattn.config.options.ATTENTION_VARIANTS``, as a ratio to
+  the plain block's, and the plain block on SDPA's kernel (``attn_kernel=sdpa``).
 - Each model is the config's shape with random weights, trained through
   ``nanoattn.train.step.optimizer_step`` (the update the training loop runs), one repetition of
   each in turn (``alternate``), so load from other processes hits all alike and the ratios hold
@@ -25,32 +23,18 @@ import torch
 
 from nanoattn.bench.core import BenchConfig, Row, alternate, random_tokens, section, shape_text
 from nanoattn.config import TrainConfig
+from nanoattn.config.options import ATTENTION_VARIANTS, encoding_options
 from nanoattn.model import GPT
-from nanoattn.positional import REGISTRY
 from nanoattn.runtime import autocast, autocast_dtype
 from nanoattn.train.optim import optimizer_for
 from nanoattn.train.step import optimizer_step, wrap_for_training
 
-# Registered encodings and a per-layer RoPE/NoPE layout, each a ``pos`` value.
-BENCH_ENCODINGS: tuple[str | list[str], ...] = (*REGISTRY, ["rope", "nope"])
-# The attention variants' ModelConfig fields, on the config's own encoding; "plain" is the reference.
-BENCH_ATTENTION: dict[str, dict[str, Any]] = {
-    "plain": {},
-    "qk_norm before_rope": dict(qk_norm="before_rope"),
-    "qk_norm after_rope": dict(qk_norm="after_rope"),
-    "attn_softcap 50": dict(attn_softcap=50.0),
-    "logit_softcap 30": dict(logit_softcap=30.0),
-    "attn_sinks": dict(attn_sinks=True),
-    "sliding_window 64": dict(sliding_window=64),  # every layer local: the chunked mask path
-    "diff_attn": dict(diff_attn=True),
-    # Latent attention over all heads (n_kv_head None = n_head), a rank of a third of d_model at 384.
-    "mla rank 128": dict(mla_kv_rank=128, mla_rope_dim=32, n_kv_head=None),
-    "value_embeds 1": dict(value_embeds=1),  # one table, first and last layer: fits any depth >= 2
-    "token_shift": dict(token_shift=True),
-    # The same function on SDPA's kernel: the plain block's own kernel choice, priced (attn_kernel=auto
-    # takes two bf16 matmuls on CPU in bf16 up to 512 keys; elsewhere the two rows are one path).
-    "attn_kernel sdpa": dict(attn_kernel="sdpa"),
-}
+
+def bench_attention() -> dict[str, dict[str, Any]]:
+    """The attention registry's variants on the config's own encoding ("plain" is the reference),
+    and the plain block on SDPA's kernel: the same function, its kernel choice priced (attn_kernel=auto
+    takes two bf16 matmuls on CPU in bf16 up to 512 keys; elsewhere the two rows are one path)."""
+    return {**ATTENTION_VARIANTS, "attn_kernel sdpa": dict(attn_kernel="sdpa")}
 
 
 def _label(pos: str | list[str]) -> str:
@@ -81,7 +65,7 @@ def _step_seconds(cfg: BenchConfig,
 @section("encodings")
 def encodings_section(cfg: BenchConfig, done: Mapping[str, list[Row]]) -> list[Row]:
     """Training-step tokens/s of every encoding at one shape, and its ratio to RoPE's."""
-    seconds, B, T = _step_seconds(cfg, {_label(pos): dict(pos=pos) for pos in BENCH_ENCODINGS})
+    seconds, B, T = _step_seconds(cfg, encoding_options())
     rope = B * T / seconds["rope"]
     return [dict(pos=label, dtype=cfg.dtype, shape=shape_text(cfg.model, B, T), step_ms=1000 * s,
                  tok_per_s=B * T / s, vs_rope=B * T / s / rope) for label, s in seconds.items()]
@@ -90,7 +74,7 @@ def encodings_section(cfg: BenchConfig, done: Mapping[str, list[Row]]) -> list[R
 @section("attention")
 def attention_section(cfg: BenchConfig, done: Mapping[str, list[Row]]) -> list[Row]:
     """Training-step tokens/s of every attention variant at one shape, and its ratio to the plain block's."""
-    seconds, B, T = _step_seconds(cfg, BENCH_ATTENTION)
+    seconds, B, T = _step_seconds(cfg, bench_attention())
     plain = B * T / seconds["plain"]
     return [dict(variant=label, pos=_label(cfg.model.pos), dtype=cfg.dtype, shape=shape_text(cfg.model, B, T),
                  step_ms=1000 * s, tok_per_s=B * T / s, vs_plain=B * T / s / plain)

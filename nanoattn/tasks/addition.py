@@ -14,6 +14,7 @@ from nanoattn.tasks.base import Instance, Segment, Task
 
 class Addition(Task):
     name = "addition"
+    train_length = 8
     alphabet = "0123456789+="
     options = ("reversed_answer",)
 

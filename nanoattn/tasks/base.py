@@ -46,6 +46,7 @@ class Task(abc.ABC):
     name: ClassVar[str]
     alphabet: ClassVar[str]  # every character of its text
     min_size: ClassVar[int] = 1
+    train_length: ClassVar[int] = 16  # the largest training size a run of this task takes by default
     uses_filler: ClassVar[bool] = False
     options: ClassVar[tuple[str, ...]] = ()  # TaskConfig fields this task reads
 

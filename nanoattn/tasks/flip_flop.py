@@ -16,6 +16,7 @@ from nanoattn.tasks.base import Instance, Segment, Task
 
 class FlipFlop(Task):
     name = "flip_flop"
+    train_length = 24
     alphabet = "wir01"
     min_size = 2
     options = ("ignore_prob",)

@@ -29,6 +29,7 @@ VARIABLES_PER_CHAIN = 3
 
 class MultiKeyNeedle(Task):
     name = "multikey_needle"
+    train_length = 128
     alphabet = KEY_LETTERS + DIGITS + "<=>?"
     uses_filler = True
     min_size = 64
@@ -48,6 +49,7 @@ class MultiKeyNeedle(Task):
 
 class VariableTracking(Task):
     name = "variable_tracking"
+    train_length = 128
     alphabet = KEY_LETTERS + DIGITS + "<=>?:,"
     uses_filler = True
     min_size = 64

@@ -88,7 +88,7 @@ def test_attention_maps_slow_path_equals_fast_path(monkeypatch, pos, scaling, la
 # Differential attention pairs K/V heads, so its MQA is one pair (n_kv_head=2, the gqa layout).
 # Latent attention is MHA over its latent: its variant sets n_kv_head = n_head whatever the layout.
 VARIANT_LAYOUTS = [(variant, layout) for variant in VARIANTS for layout in LAYOUTS
-                   if (variant, layout) != ("diff_attn", "mqa") and (variant != "mla" or layout == "mha")]
+                   if (variant, layout) != ("diff", "mqa") and (variant != "mla" or layout == "mha")]
 
 
 @pytest.mark.parametrize(("variant", "layout"), VARIANT_LAYOUTS)

@@ -1,0 +1,77 @@
+"""The named choices of a run: recipes, encodings and attention variants, one registry each.
+
+Each maps a name to the config fields it sets. Everything that offers the choices reads them
+from here: the Hydra groups ``recipe``, ``pos`` and ``attention`` (``scripts/_hydra_cli.py``), the
+labs' rows, the bench's rows and the generic tests. So adding one is one line here, and a new
+encoding of ``nanoattn.positional.REGISTRY`` is a ``pos`` option with no line at all. A registry
+is read when it is asked, never copied at import, so an entry added at run time is an option too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from nanoattn.positional import REGISTRY
+
+Fields = dict[str, Any]
+
+# What a run trains with, as the config sections' fields over the dataclasses' defaults
+# (``RunConfig()``, with the ``llama-tiny`` model preset the scripts start from).
+RECIPES: dict[str, dict[str, Fields]] = {
+    # `make train`: Muon for the blocks' matrices, AdamW for the rest with the token table at 10x the
+    # rate and an untied head at 0.3x (modded-nanogpt's practice), token shift, a short schedule.
+    "default": {
+        "model": dict(tie_embeddings=False, token_shift=True),
+        "train": dict(optimizer="muon", lr=0.01, embedding_lr_scale=10.0, head_lr_scale=0.3,
+                      max_steps=1300, warmup_steps=50),
+    },
+    # The labs': the default's optimizer and rates without token shift, a position signal of its
+    # own (each token sees its predecessor), so a lab measures each encoding alone.
+    "labs": {
+        "model": dict(tie_embeddings=False),
+        "train": dict(optimizer="muon", lr=0.006, embedding_lr_scale=10.0, head_lr_scale=0.3),
+    },
+    # The classic baseline: the dataclasses' defaults (AdamW on every parameter, tied embeddings).
+    "adamw_baseline": {},
+}
+
+# Encodings in a form with parameters of its own, beside every registry encoding's plain form.
+NAMED_ENCODINGS: dict[str, Fields] = {
+    "rope_partial": dict(pos="rope", rope_fraction=0.25),  # GPT-NeoX's rotary_pct: a quarter rotates
+    "p_rope": dict(pos="rope", rope_p=0.75),  # Barbero et al. 2024: the lowest quarter of frequencies dropped
+    # Llama 4's iRoPE: every 4th layer NoPE with its query temperature; floor_scale is the labs'
+    # training length, as Llama 4's 8192 is its attention chunk, so it acts past the training length.
+    "irope": dict(pos=["rope", "rope", "rope", "nope"], temperature_floor_scale=128,
+                  temperature_attn_scale=0.1),
+}
+
+# Attention variants, each the ModelConfig fields that switch it on, at the labs' shape (128 tokens).
+ATTENTION_VARIANTS: dict[str, Fields] = {
+    "plain": {},  # fused QKV and softmax attention: the reference row
+    "qk_norm": dict(qk_norm="before_rope"),  # OLMo 2, Qwen 3: RMSNorm of each query and key head
+    "qk_norm_after": dict(qk_norm="after_rope"),  # nanochat: the same norm after the rotation
+    "softcap": dict(attn_softcap=50.0, logit_softcap=30.0),  # Gemma 2's caps
+    "sinks": dict(attn_sinks=True),  # gpt-oss: a learned logit per head that takes mass and no value
+    "window": dict(sliding_window=64),  # Mistral: every layer sees its 64 latest tokens
+    "local_global": dict(sliding_window=[64, None]),  # Gemma 2: local and global layers alternate
+    "diff": dict(diff_attn=True),  # Ye et al. 2024: each head the difference of two softmax maps
+    # DeepSeek-V2: a joint key/value latent of rank 32 and one shared 16-dim rotary key, over all heads.
+    "mla": dict(mla_kv_rank=32, mla_rope_dim=16, n_kv_head=None),
+    "value_embeds": dict(value_embeds=2),  # modded-nanogpt: token tables mixed into the values
+    "token_shift": dict(token_shift=True),  # RWKV, modded-nanogpt's smear: a gated copy of the predecessor
+}
+
+
+def encoding_options() -> dict[str, Fields]:
+    """Every ``pos`` option: each registry encoding as itself, then the named forms."""
+    return {**{name: dict(pos=name) for name in REGISTRY}, **NAMED_ENCODINGS}
+
+
+def as_overrides(sections: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """Config sections as ``key=value`` overrides (``train.lr=0.01``), in the registry's order."""
+    def text(value: Any) -> str:
+        return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+
+    return [f"{section}.{key}={text(value)}" for section, fields in sections.items()
+            for key, value in fields.items()]
