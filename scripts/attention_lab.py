@@ -1,19 +1,19 @@
-"""The attention-variants lab: train one run per variant, evaluate them, write docs/attention.{png,md}.
+"""The attention-variants lab, over seeds, as a results page.
 
-    python scripts/attention_lab.py train=true    # trains every variant (2 at a time), then
-                                                  # perplexity at 1-16x, train tok/s, KV bytes/token
-    python scripts/attention_lab.py               # evaluate runs already in runs/attention
+    python scripts/attention_lab.py train=true              # train every variant at seeds 0-2, then
+                                                            # perplexity at 1-16x, price, KV bytes, logits
+    python scripts/attention_lab.py out=docs/results        # publish the page from existing runs
 
-Every key: ``nanoattn.commands.labs.AttentionLabConfig`` (``train``, ``workers``,
-``train_overrides``, ``runs_root``, ``out_dir``, ``max_tokens``, ``batch_size``, ``dtype``,
-``device``); mistakes end in one ``error:`` line.
+Runs go to runs/attention/<variant>/seed<k>, the page to runs/attention/attention.{md,json,png}
+unless ``out`` names a folder. Every key: ``nanoattn.commands.labs.AttentionLabConfig``; mistakes
+end in one ``error:`` line.
 """
 
-from _hydra_cli import command
+from _hydra_cli import lab_command
 
 from nanoattn.commands.labs import AttentionLabConfig, attention_lab
 
-main = command("attention_lab", AttentionLabConfig, attention_lab)
+main = lab_command("attention_lab", AttentionLabConfig, attention_lab)
 
 if __name__ == "__main__":
     main()

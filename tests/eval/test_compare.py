@@ -119,7 +119,12 @@ def test_lab_config_mistakes_are_one_line_errors(tmp_path):
         LabConfig(samples=0)
     with pytest.raises(ValueError, match=re.escape("extrapolation_lab.dtype='fp8' is invalid: allowed:")):
         LabConfig(dtype="fp8")
-    assert LabConfig().lab == "extrapolation" and LabConfig(passkey=True).lab == "passkey"
+    with pytest.raises(ValueError, match=re.escape("lab.seeds=[0, 0] is invalid: must not repeat")):
+        LabConfig(seeds=[0, 0])
+    with pytest.raises(ValueError, match=re.escape("extrapolation_lab.seeds=-1 is invalid")):
+        LabConfig(seeds=[-1])
+    with pytest.raises(ValueError, match=re.escape("lab.seeds='0' is invalid: must be a non-empty")):
+        LabConfig(seeds="0")
     # The attention lab shares the run keys and their checks, under its own name.
     with pytest.raises(ValueError, match=re.escape("attention_lab.workers=0 is invalid")):
         AttentionLabConfig(workers=0)

@@ -3,7 +3,6 @@ its table, bounded attention masks, and the checkpoint-level report, command, sc
 
 from __future__ import annotations
 
-import gc
 import json
 import math
 import re
@@ -20,23 +19,14 @@ from omegaconf import OmegaConf
 
 from nanoattn import GPT, ModelConfig, load_checkpoint
 from nanoattn.checkpoint import save_checkpoint
-from nanoattn.commands import labs
 from nanoattn.commands.eval_length import LengthEvalConfig, eval_length, run_length_eval
-from nanoattn.commands.labs import (
-    LAB_ENCODINGS,
-    LAB_SCALINGS,
-    AttentionLabConfig,
-    LabConfig,
-    attention_lab,
-    extrapolation_lab,
-)
 from nanoattn.config import DataConfig
 from nanoattn.data import TokenData, ensure_prepared
 from nanoattn.eval import evaluate_lengths, lengths_from_multiples, score_length
 from nanoattn.eval.length import PeakMemory, window_starts
-from nanoattn.eval.runs import default_output, scaling_tag
+from nanoattn.eval.runs import default_output
 from nanoattn.model import attention
-from nanoattn.positional import REGISTRY
+from nanoattn.positional import REGISTRY, encodings_with
 from nanoattn.validation import from_dict
 
 REPO = Path(__file__).resolve().parents[2]
@@ -291,6 +281,29 @@ def test_rope_scaling_override_names_its_file_and_changes_the_model(prepared, tm
     assert scaled["results"][0]["loss"] != plain["results"][0]["loss"]
 
 
+@pytest.mark.parametrize("pos,variant", [("xpos", {}), (["rope", "rope", "rope", "nope"], {"n_layer": 4})],
+                         ids=["xpos", "irope"])
+def test_every_rotary_model_is_scaled_zero_shot(prepared, tmp_path, pos, variant):
+    run = save_run(tmp_path / "run", pos, prepared, init_std=0.2, **variant)
+    plain = run_length_eval(LengthEvalConfig(ckpt=str(run), lengths=[128], max_tokens=256, plot=False))
+    scaled = run_length_eval(LengthEvalConfig(ckpt=str(run), lengths=[128], max_tokens=256, plot=False,
+                                              rope_scaling={"type": "yarn", "factor": 4}))
+    assert (run / "length_eval_yarn4.json").exists()
+    assert scaled["rope_scaling"]["type"] == "yarn" and scaled["rope_scaling"]["original_max_seq_len"] == 32
+    assert math.isfinite(scaled["results"][0]["loss"])
+    assert scaled["results"][0]["loss"] != plain["results"][0]["loss"]
+
+
+def test_the_script_scales_an_xpos_run_zero_shot(prepared, tmp_path):
+    run = save_run(tmp_path / "xpos_run", "xpos", prepared)
+    script = [sys.executable, str(REPO / "scripts" / "eval_length.py"), f"ckpt={run}"]
+    done = subprocess.run([*script, "rope_scaling={type:yarn,factor:4}", "lengths=[64]", "max_tokens=128",
+                           "plot=false"], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert done.returncode == 0, done.stderr
+    report = json.loads((run / "length_eval_yarn4.json").read_text())
+    assert report["rope_scaling"]["factor"] == 4 and math.isfinite(report["results"][0]["loss"])
+
+
 def test_default_output_names(prepared, tmp_path):
     run = save_run(tmp_path / "run", "rope", prepared)
     assert default_output(run, None, "length_eval") == run / "length_eval.json"
@@ -307,8 +320,9 @@ def test_default_output_names(prepared, tmp_path):
 
 def test_non_rope_refuses_a_scaling_and_a_foreign_tokenizer_is_refused(prepared, tmp_path):
     run = save_run(tmp_path / "alibi_run", "alibi", prepared)
-    with pytest.raises(ValueError, match="needs a RoPE model"):
+    with pytest.raises(ValueError, match="needs a RoPE model") as info:
         run_length_eval(LengthEvalConfig(ckpt=str(run), rope_scaling={"type": "linear", "factor": 2}))
+    assert "pos='alibi'" in str(info.value) and " | ".join(encodings_with("rotary")) in str(info.value)
     other = tmp_path / "other"
     other.mkdir()
     for name in ("meta.json", "train.bin", "val.bin"):
@@ -351,80 +365,6 @@ def test_the_config_composes_with_scaling_overrides(eval_schemas):
         {"type": "yarn", "factor": 4}
     # Every key is a field of the dataclass, with its declared default: nothing is stated twice.
     assert from_dict(LengthEvalConfig, cfg, owner="eval_length") == LengthEvalConfig(ckpt="runs/x")
-
-
-def test_every_lab_row_is_a_pos_config_of_a_valid_model():
-    for name in LAB_ENCODINGS:
-        fields = OmegaConf.to_container(OmegaConf.load(REPO / "configs" / "pos" / f"{name}.yaml"))
-        ModelConfig(**fields)
-
-
-def with_gc_frozen(lab, cfg):
-    """``lab(cfg)``: PeakMemory collects garbage before each of a lab's lengths; frozen, the suite's
-    many objects are not walked each time (0.2 s a call here)."""
-    gc.freeze()
-    try:
-        return lab(cfg)
-    finally:
-        gc.unfreeze()
-
-
-def test_the_extrapolation_lab_evaluates_every_run_and_rewrites_only_its_table(prepared, tmp_path, capsys,
-                                                                              monkeypatch):
-    # Four of the lab's rows keep the test fast; the driver treats every row alike.
-    monkeypatch.setattr(labs, "LAB_ENCODINGS", ("learned", "rope", "alibi", "nope"))
-    LAB_ENCODINGS = labs.LAB_ENCODINGS
-    runs, docs = tmp_path / "runs", tmp_path / "docs"
-    for pos in LAB_ENCODINGS[:-1]:
-        save_run(runs / pos, pos, prepared)
-    cfg = LabConfig(runs_root=str(runs), out_dir=str(docs), max_tokens=512)
-    with pytest.raises(ValueError, match="no run directory for nope under .*; run the lab with train=true"):
-        extrapolation_lab(cfg)
-    save_run(runs / "nope", "nope", prepared)
-    docs.mkdir()
-    (docs / "extrapolation.md").write_text("# Lab\n\nprose\n")
-    table = with_gc_frozen(extrapolation_lab, cfg)
-    labels = [*LAB_ENCODINGS, *(f"rope+{scaling_tag(s)}" for s in LAB_SCALINGS)]
-    rows = table.splitlines()
-    assert rows[0] == ("| run | 32 (1×) | 40 (1.25×) | 48 (1.5×) | 64 (2×) | 128 (4×) | 256 (8×) | 512 (16×) "
-                       "| train tok/s |")
-    assert [row.split(" | ")[0].removeprefix("| ") for row in rows[2:]] == labels
-    assert rows[2 + LAB_ENCODINGS.index("learned")].endswith("| n/a | n/a | n/a | n/a | n/a | n/a | 2,000 |")
-    assert rows[2 + labels.index("rope+yarn4")].endswith("|  |")  # a zero-shot scaling trained nothing
-    # Each evaluation is the one eval_length writes, in its run directory.
-    yarn4 = json.loads((runs / "rope" / "length_eval_yarn4.json").read_text())
-    assert yarn4["rope_scaling"]["factor"] == 4 and yarn4["max_tokens"] == 512
-    assert f"{yarn4['results'][0]['ppl']:.1f} (1.00×)" in rows[2 + labels.index("rope+yarn4")]
-    assert (docs / "extrapolation.md").read_text() == \
-        f"# Lab\n\nprose\n\n<!-- extrapolation-table:begin -->\n{table}<!-- extrapolation-table:end -->\n"
-    assert (docs / "extrapolation.png").stat().st_size > 10_000
-    printed = capsys.readouterr().out
-    assert printed.count("evaluated in") == len(labels) and table in printed
-
-
-def test_the_attention_lab_evaluates_every_variant_with_its_kv_cache_price(prepared, tmp_path, capsys,
-                                                                          monkeypatch):
-    monkeypatch.setattr(labs, "ATTENTION_VARIANTS", ("plain", "window", "mla"))
-    runs, docs = tmp_path / "runs", tmp_path / "docs"
-    save_run(runs / "plain", "rope", prepared)
-    save_run(runs / "window", "rope", prepared, sliding_window=8)
-    cfg = AttentionLabConfig(runs_root=str(runs), out_dir=str(docs), max_tokens=512)
-    with pytest.raises(ValueError, match="no run directory for mla under .*; run the lab with train=true"):
-        attention_lab(cfg)
-    save_run(runs / "mla", "rope", prepared, mla_kv_rank=8, mla_rope_dim=4, n_kv_head=4)
-    docs.mkdir()
-    (docs / "attention.md").write_text("# Attention\n")
-    table = with_gc_frozen(attention_lab, cfg)
-    rows = table.splitlines()
-    assert rows[0].endswith("| 512 (16×) | train tok/s | KV bytes/token | max attention logit |")
-    assert [row.split(" | ")[0].removeprefix("| ") for row in rows[2:]] == ["plain", "window", "mla"]
-    # float32 per token, both layers: 2 x (K + V) x 2 K/V heads x 8 dims x 4 bytes = 256 (the window's
-    # cache rolls, but a token still takes its slot); the latent: 2 x (8 + 4) x 4 = 96.
-    assert rows[2].endswith("| 2,000 | 256 | 7.2 |") and rows[3].endswith("| 2,000 | 256 | 7.2 |")
-    assert rows[4].endswith("| 2,000 | 96 | 7.2 |")
-    assert (docs / "attention.md").read_text() == \
-        f"# Attention\n\n<!-- attention-table:begin -->\n{table}<!-- attention-table:end -->\n"
-    assert (docs / "attention.png").stat().st_size > 10_000 and table in capsys.readouterr().out
 
 
 def test_out_never_overwrites_a_file_that_is_not_a_report(prepared, tmp_path):

@@ -84,7 +84,7 @@ def test_the_commands_configs_are_their_dataclasses(eval_schemas):
 
 
 def test_task_lab_mistakes_are_one_line_errors():
-    with pytest.raises(ValueError, match=r"task_lab.encodings='my_pos' is invalid: needs configs/pos/my_pos"):
+    with pytest.raises(ValueError, match=r"task_lab.encodings='my_pos' is invalid: allowed: sinusoidal \| "):
         TaskLabConfig(encodings=["rope", "my_pos"])
     with pytest.raises(ValueError, match=r"task_lab.tasks='sort' is invalid: allowed: copy"):
         TaskLabConfig(tasks=["sort"])

@@ -1,56 +1,56 @@
-"""The extrapolation lab's train=true: every run trained by scripts/train.py, side by side, resumable."""
+"""A lab's train=true: every run trained by scripts/train.py, side by side, finished runs left alone."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
-from nanoattn.commands.labs import TaskLabConfig, task_lab, train_runs
+from nanoattn.commands.labs import LABS, TaskLabConfig, is_finished, run_lab, train_runs
 from nanoattn.logging import read_metrics
 
 
+def lab_overrides(tiny_config, as_overrides, tmp_path, *drop: str, **train) -> list[str]:
+    """The tiny model and data of the training tests, over a lab's experiment."""
+    return [o for o in as_overrides(tiny_config(tmp_path / "unused", eval_interval=0, **train))
+            if not o.startswith(("out_dir=", "model.pos=", "logger.", *drop))]
+
+
 def test_the_lab_trains_its_runs_side_by_side_resumes_them_and_names_a_failure(tmp_path, tiny_config,
-                                                                               as_overrides, capsys):
-    # The tiny model and data of the training tests over the lab's experiment; pos comes from the
-    # lab, and the experiment's 4 layers stay (iRoPE's layout has 4 entries).
-    overrides = [o for o in as_overrides(tiny_config(tmp_path / "unused", max_steps=2, eval_interval=0))
-                 if not o.startswith(("out_dir=", "model.pos=", "model.n_layer=", "logger."))]
+                                                                               as_overrides, trainer, capsys):
+    # The experiment's 4 layers stay: iRoPE's layout has 4 entries.
+    overrides = lab_overrides(tiny_config, as_overrides, tmp_path, "model.n_layer=", max_steps=2)
     runs = tmp_path / "runs"
-    jobs = {name: [f"pos={name}", f"out_dir={runs}"] for name in ("rope", "irope", "bogus")}
-    train_runs("extrapolation", runs, {name: jobs[name] for name in ("rope", "irope")}, 2, overrides)
-    for name in ("rope", "irope"):
-        assert [r["step"] for r in read_metrics(runs / name / "metrics.jsonl")][-1] == 2
-        assert (runs / name / "checkpoints" / "latest").read_text().strip() == "000002"
-    assert (runs / "irope" / "config.yaml").read_text().count("nope") == 1  # the layout, from configs/pos
-    first = (runs / "rope" / "metrics.jsonl").read_text()
-    # Finished: resumed, nothing trained again.
-    train_runs("extrapolation", runs, {"rope": jobs["rope"]}, 1, overrides)
-    assert (runs / "rope" / "metrics.jsonl").read_text() == first
-    assert "resumed from" in (runs / "rope.log").read_text()
-    with pytest.raises(ValueError, match=r"training failed for bogus: see .*<name>\.log"):
-        train_runs("extrapolation", runs, {"bogus": jobs["bogus"]}, 1, overrides)
-    assert "rope: trained in" in capsys.readouterr().out
+    jobs = {runs / "rope" / "seed0": ["pos=rope", "train.seed=0"],
+            runs / "irope" / "seed1": ["pos=irope", "train.seed=1"]}
+    train_runs(trainer, "extrapolation", jobs, 2, overrides)
+    for run in jobs:
+        assert [r["step"] for r in read_metrics(run / "metrics.jsonl")][-1] == 2 and is_finished(run)
+    assert (runs / "irope" / "seed1" / "config.yaml").read_text().count("nope") == 1  # irope's layout
+    first = (runs / "rope" / "seed0" / "metrics.jsonl").read_text()
+    log = (runs / "rope" / "seed0.log").read_text()
+    # Finished: not started again.
+    train_runs(trainer, "extrapolation", jobs, 1, overrides)
+    assert (runs / "rope" / "seed0" / "metrics.jsonl").read_text() == first
+    assert (runs / "rope" / "seed0.log").read_text() == log
+    with pytest.raises(ValueError, match=r"training did not finish .*bogus/seed0: see <run>\.log beside"):
+        train_runs(trainer, "extrapolation", {runs / "bogus" / "seed0": ["pos=bogus"]}, 1, overrides)
+    assert "seed0: trained in" in capsys.readouterr().out
 
 
-def test_the_task_lab_trains_every_task_and_encoding_then_writes_table_figure_and_summary(
-        tmp_path, tiny_config, as_overrides, capsys):
+def test_the_task_lab_trains_every_pair_at_every_seed_then_publishes_its_page(tmp_path, tiny_config,
+                                                                              as_overrides, trainer):
     # experiment=tasks drops the default recipe itself: its runs keep the suite's own optimizer keys.
-    overrides = [o for o in as_overrides(tiny_config(tmp_path / "unused", max_steps=3, eval_interval=0))
-                 if not o.startswith(("~recipe", "out_dir=", "model.pos=", "logger.", "model.max_seq_len"))]
-    docs = tmp_path / "docs"
-    cfg = TaskLabConfig(tasks=["copy", "counting"], encodings=["nope", "learned"], train=True,
-                        runs_root=str(tmp_path / "runs"), out_dir=str(docs), per_bin=8, factors=[1, 4],
+    overrides = lab_overrides(tiny_config, as_overrides, tmp_path, "~recipe", "model.max_seq_len",
+                              max_steps=3)
+    cfg = TaskLabConfig(tasks=["copy"], encodings=["nope", "learned"], seeds=[0, 1], train=True, per_bin=8,
+                        factors=[1, 4], runs_root=str(tmp_path / "runs"),
                         train_overrides=overrides + ["model.max_seq_len=40"])
-    table = task_lab(cfg)
-    for task in ("copy", "counting"):
-        for pos in ("nope", "learned"):
-            assert (tmp_path / "runs" / task / pos / "task_eval.json").is_file()
-    # The learned table has 40 rows: at 4x (up to 130 tokens) it cannot run, and says so.
-    assert "| copy | learned | " in table and table.count("| n/a |") == 2
-    assert "<!-- tasks-table:begin -->" in (docs / "tasks.md").read_text() and (docs / "tasks.png").is_file()
-    summary = json.loads((docs / "tasks.json").read_text())
-    assert [(r["task"]["name"], r["pos"]) for r in summary["runs"]] == [
-        ("copy", "nope"), ("copy", "learned"), ("counting", "nope"), ("counting", "learned")]
-    assert all("records" not in b for r in summary["runs"] for b in r["results"])
-    assert "lab done in" in capsys.readouterr().out
+    page = run_lab(LABS["tasks"], cfg, trainer)
+    rows = {row["label"]: row for row in page["rows"]}
+    assert list(rows) == ["copy/nope", "copy/learned"]
+    # The learned table has 40 rows: at 4x (up to 67 tokens) it cannot run, and says so.
+    assert rows["copy/learned"]["values"]["exact 4x"] == [None, None]
+    # Three steps learn nothing: each row says so rather than scoring lengths it never learned.
+    assert all(row["status"].startswith("not learned (") for row in rows.values())
+    assert (tmp_path / "runs" / "tasks.md").is_file() and (tmp_path / "runs" / "tasks.png").is_file()
+    for seed in (0, 1):
+        assert (tmp_path / "runs" / "copy" / "nope" / f"seed{seed}" / "task_eval.json").is_file()

@@ -1,0 +1,254 @@
+"""The labs, one registry: each a ``Lab`` of the driver (``driver.py``) with its rows and claims.
+
+- The extrapolation and passkey labs take every ``pos`` option
+  (``nanoattn.config.options.encoding_options``), the attention lab every ``ATTENTION_VARIANTS``
+  entry, the task lab the tasks and encodings it is given: the rows are read from the registries
+  when a lab runs, so a new encoding or variant is a row with no line here.
+- A lab is a script (``scripts/<name>_lab.py``: its config class and entry function below) and
+  an entry of ``LABS``; its runs train with ``experiment=<name>``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+from nanoattn.checkpoint import read_checkpoint_config
+from nanoattn.commands.eval_length import LengthEvalConfig, run_length_eval
+from nanoattn.commands.eval_passkey import PasskeyEvalConfig, run_passkey_eval
+from nanoattn.commands.eval_task import TaskEvalConfig, run_task_eval
+from nanoattn.commands.labs.driver import (
+    Lab,
+    LabRunsConfig,
+    Report,
+    Row,
+    is_finished,
+    largest_attention_logit,
+    run_dir,
+    run_lab,
+    train_runs,
+    training_speed,
+)
+from nanoattn.config import ModelConfig
+from nanoattn.config.options import ATTENTION_VARIANTS, encoding_options
+from nanoattn.eval.plots import plot_length_curves, plot_passkey, plot_tasks
+from nanoattn.eval.results import Claim
+from nanoattn.eval.runs import is_path, scaling_tag
+from nanoattn.eval.tasks import DEFAULT_FACTORS, DEFAULT_PER_BIN, check_factors
+from nanoattn.model import KVCache
+from nanoattn.tasks import TASKS
+from nanoattn.validation import check_bool, check_choice, check_non_negative_int, check_positive_int, fail
+
+# Zero-shot RoPE scalings of the extrapolation lab: factor 4 for each type, and 16 (the longest
+# length) for PI and YaRN, each evaluated on the RoPE runs.
+LAB_SCALINGS = tuple({"type": kind, "factor": factor} for kind, factor in
+                     (("linear", 4), ("linear", 16), ("ntk", 4), ("dynamic", 4), ("yarn", 4), ("yarn", 16)))
+LAB_MULTIPLES = (1, 2, 4, 8, 16)  # perplexity labs: lengths as multiples of the training length
+# The task lab's default set, the two papers it reproduces: Kazemnejad et al.'s encodings (NoPE, T5's
+# bias, ALiBi, RoPE, an absolute one) and tasks (copy, reverse, addition), CoPE and its tasks
+# (selective copy, counting, flip-flop).
+TASK_LAB_TASKS = ("copy", "reverse", "addition", "selective_copy", "counting", "flip_flop")
+TASK_LAB_ENCODINGS = ("nope", "sinusoidal", "rope", "alibi", "t5", "cope")
+LEARNED = 0.95  # task lab: exact match at 1x below which a row is "not learned", and not judged past it
+
+
+@dataclass
+class LabConfig(LabRunsConfig):
+    """Every key of ``scripts/extrapolation_lab.py``."""
+
+    owner: ClassVar[str] = "extrapolation_lab"
+    passkey: bool = False  # the passkey lab (fine-tunes of the extrapolation runs), not perplexity
+    samples: int = PasskeyEvalConfig.samples  # passkey lab: keys per length and depth
+    init_root: str = "runs/extrapolation"  # passkey lab: the extrapolation lab's runs it fine-tunes
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_bool(self.owner, "passkey", self.passkey)
+        check_positive_int(self.owner, "samples", self.samples)
+        if not is_path(self.init_root):
+            fail(self.owner, "init_root", self.init_root, "must be a folder")
+
+
+@dataclass
+class AttentionLabConfig(LabRunsConfig):
+    """Every key of ``scripts/attention_lab.py``."""
+
+    owner: ClassVar[str] = "attention_lab"
+
+
+@dataclass
+class TaskLabConfig(LabRunsConfig):
+    """Every key of ``scripts/task_lab.py``."""
+
+    owner: ClassVar[str] = "task_lab"
+    tasks: list[str] = dataclasses.field(default_factory=lambda: list(TASK_LAB_TASKS))  # of nanoattn.tasks
+    encodings: list[str] = dataclasses.field(default_factory=lambda: list(TASK_LAB_ENCODINGS))  # pos options
+    factors: list[float] = dataclasses.field(default_factory=lambda: list(DEFAULT_FACTORS))
+    per_bin: int = DEFAULT_PER_BIN  # instances per size bin (400: a 95% interval within +-5 points)
+    eval_seed: int = 0  # the evaluation instances' seed
+    batch_size: int = 64  # instances per forward pass
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        own = self.owner
+        for name, allowed in (("tasks", tuple(TASKS)), ("encodings", tuple(encoding_options()))):
+            value = getattr(self, name)
+            if isinstance(value, str) or not isinstance(value, (list, tuple)) or not value:
+                fail(own, name, value, "must be a non-empty list of names")
+            setattr(self, name, list(value))
+            for item in value:
+                check_choice(own, name, item, allowed)
+        self.factors = list(check_factors(own, self.factors))
+        check_positive_int(own, "per_bin", self.per_bin)
+        check_non_negative_int(own, "eval_seed", self.eval_seed)
+
+
+def perplexity_report(cfg: LabRunsConfig, run: Path, row: Row) -> Report:
+    report = run_length_eval(LengthEvalConfig(
+        ckpt=str(run), max_tokens=cfg.max_tokens, mode="chunks", multiples=list(LAB_MULTIPLES),
+        rope_scaling=None if row.scaling is None else dict(row.scaling), batch_size=cfg.batch_size,
+        dtype=cfg.dtype, device=cfg.device))
+    # The row's price: its run's training speed (a zero-shot scaling trains nothing).
+    return report if row.scaling else {**report, "train_tok_per_s": training_speed(run)}
+
+
+def perplexity_cells(report: Report) -> dict[str, float | None]:
+    """Perplexity at each multiple of the training length (chunks, the ALiBi paper's protocol)."""
+    length = report["train_seq_len"]
+    cells = {f"ppl {r['length'] / length:g}x": r.get("ppl") for r in report["results"]}
+    if "train_tok_per_s" in report:
+        cells["train tok/s"] = report["train_tok_per_s"]
+    return cells
+
+
+def extrapolation_rows(cfg: LabConfig) -> list[Row]:
+    encodings = [Row(name, name, (f"pos={name}",)) for name in encoding_options()]
+    return encodings + [Row(f"rope+{scaling_tag(s)}", "rope", (), s) for s in LAB_SCALINGS]
+
+
+def passkey_report(cfg: LabConfig, run: Path, row: Row) -> Report:
+    return run_passkey_eval(PasskeyEvalConfig(ckpt=str(run), samples=cfg.samples, batch_size=cfg.batch_size,
+                                              dtype=cfg.dtype, device=cfg.device))
+
+
+def passkey_cells(report: Report) -> dict[str, float | None]:
+    """Exact-match retrieval at each length, averaged over the key's depths (None: cannot run there)."""
+    cells: dict[str, float | None] = {}
+    for length in dict.fromkeys(c["length"] for c in report["results"]):
+        scored = [c.get("accuracy") for c in report["results"] if c["length"] == length]
+        cells[f"acc {length}"] = None if None in scored else statistics.fmean(scored)
+    return cells
+
+
+def attention_report(cfg: AttentionLabConfig, run: Path, row: Row) -> Report:
+    report = perplexity_report(cfg, run, row)
+    model = ModelConfig.from_dict(read_checkpoint_config(run)["model"])
+    return {**report, "kv_bytes_per_token": KVCache(model, 1, 1, device="cpu").bytes_per_token(),
+            "max_attn_logit": largest_attention_logit(run)}
+
+
+def attention_cells(report: Report) -> dict[str, float | None]:
+    return {**perplexity_cells(report), "KV bytes/token": report["kv_bytes_per_token"],
+            "max logit": report["max_attn_logit"]}
+
+
+def task_report(cfg: TaskLabConfig, run: Path, row: Row) -> Report:
+    report = run_task_eval(TaskEvalConfig(ckpt=str(run), factors=cfg.factors, per_bin=cfg.per_bin,
+                                          seed=cfg.eval_seed, batch_size=cfg.batch_size, dtype=cfg.dtype,
+                                          device=cfg.device))
+    return {**report, "train_tok_per_s": training_speed(run)}
+
+
+def task_cells(report: Report) -> dict[str, float | None]:
+    """Exact match at each size bin (up to factor x the training size), and the training speed."""
+    return {**{f"exact {b['factor']:g}x": b.get("exact") for b in report["results"]},
+            "train tok/s": report["train_tok_per_s"]}
+
+
+def task_status(cells: Mapping[str, Sequence[float | None]]) -> str | None:
+    at_1x = [v for v in cells.get("exact 1x", ()) if v is not None]
+    if at_1x and statistics.fmean(at_1x) >= LEARNED:
+        return None
+    return "not learned" + (f" ({statistics.fmean(at_1x):.2f} at 1x)" if at_1x else "")
+
+
+ABOUT_PERPLEXITY = (
+    "Each row is a model of the extrapolation experiment (`configs/experiment/extrapolation.yaml`: 4 layers, "
+    "d_model 128, trained at 128 tokens) with one encoding, evaluated on the held-out plays in "
+    "non-overlapping chunks at 1-16x the training length (the protocol of Press et al. 2022); "
+    "`rope+<scaling>` rows evaluate the RoPE runs under a zero-shot RoPE scaling. `train tok/s` is the "
+    "row's price, its run's median training speed.")
+
+LABS: dict[str, Lab] = {lab.name: lab for lab in (
+    Lab("extrapolation", "Length extrapolation: perplexity past the training length", ABOUT_PERPLEXITY,
+        extrapolation_rows, perplexity_report, perplexity_cells, plot_length_curves, claims=(
+            Claim("Press et al. 2022 (ALiBi)", "ALiBi's perplexity at 16x is below sinusoidal's", "ppl 16x",
+                  "alibi", "sinusoidal"),
+            Claim("Press et al. 2022 (ALiBi)", "ALiBi's perplexity at 16x is below RoPE's", "ppl 16x",
+                  "alibi", "rope"),
+            Claim("Chen et al. 2023 (PI)", "zero-shot PI (x4) at 4x is below plain RoPE at 4x", "ppl 4x",
+                  "rope+linear4", "rope"),
+            Claim("Peng et al. 2023 (YaRN)", "zero-shot YaRN (x4) at 4x is below zero-shot PI (x4)", "ppl 4x",
+                  "rope+yarn4", "rope+linear4"),
+        )),
+    Lab("passkey", "Passkey retrieval past the training length",
+        "Each row fine-tunes the extrapolation lab's run of one encoding on passkey retrieval at its "
+        "training length (`configs/experiment/passkey.yaml`), then asks for the key at 1-16x that length, "
+        "at several depths; a cell is the exact-match rate averaged over the depths.",
+        lambda cfg: [Row(name, name, (f"pos={name}",)) for name in encoding_options()],
+        passkey_report, passkey_cells, plot_passkey,
+        train_extra=lambda cfg, row, seed: [
+            f"train.init_from={run_dir(Path(cfg.init_root), row.run, seed)}"]),
+    Lab("attention", "Attention variants: perplexity, price and logits",
+        "Each row is the extrapolation experiment's model with RoPE and one attention variant "
+        "(`nanoattn.config.options.ATTENTION_VARIANTS`, `configs/experiment/attention.yaml`), evaluated in "
+        "chunks at 1-16x its training length; `train tok/s` is its run's median training speed, `KV "
+        "bytes/token` what a decoded token adds to the cache, `max logit` the largest attention logit its "
+        "evaluations saw during training.",
+        lambda cfg: [Row(name, name, (f"attention={name}",)) for name in ATTENTION_VARIANTS],
+        attention_report, attention_cells, plot_length_curves, claims=(
+            Claim("Ye et al. 2024 (Differential Transformer)", "differential attention's perplexity at the "
+                  "training length is below the plain block's", "ppl 1x", "diff", "plain"),
+            Claim("Dehghani et al. 2023; OLMo 2 (QK-norm)", "QK-norm keeps the largest attention logit below "
+                  "the plain block's", "max logit", "qk_norm", "plain"),
+            Claim("Jiang et al. 2023 (Mistral)", "a sliding window keeps perplexity at 16x below the plain "
+                  "block's", "ppl 16x", "window", "plain"),
+        )),
+    Lab("tasks", "Length generalization on tasks",
+        "Each row trains a small model on one task at sizes up to its training size (`configs/experiment/"
+        "tasks.yaml`), then scores exact match on fresh instances in size bins up to 4x that size. A row "
+        f"whose exact match at 1x is below {LEARNED} did not learn its task and is not judged past it.",
+        lambda cfg: [Row(f"{task}/{pos}", f"{task}/{pos}", (f"task={task}", f"pos={pos}"))
+                     for task in cfg.tasks for pos in cfg.encodings],
+        task_report, task_cells, plot_tasks, status=task_status, claims=(
+            Claim("Kazemnejad et al. 2023 (NoPE)", "NoPE generalizes better than RoPE on copy at 2x",
+                  "exact 2x", "copy/nope", "copy/rope", lower_is_better=False),
+            Claim("Kazemnejad et al. 2023 (NoPE)", "NoPE generalizes better than RoPE on reverse at 2x",
+                  "exact 2x", "reverse/nope", "reverse/rope", lower_is_better=False),
+            Claim("Golovneva et al. 2024 (CoPE)", "CoPE generalizes better than RoPE on counting at 2x",
+                  "exact 2x", "counting/cope", "counting/rope", lower_is_better=False),
+            Claim("Golovneva et al. 2024 (CoPE)", "CoPE generalizes better than RoPE on selective copy at 2x",
+                  "exact 2x", "selective_copy/cope", "selective_copy/rope", lower_is_better=False),
+        )),
+)}
+
+
+def extrapolation_lab(cfg: LabConfig, trainer: Sequence[str]) -> dict[str, Any]:
+    """The command: the perplexity lab, or with ``passkey`` the passkey lab."""
+    return run_lab(LABS["passkey" if cfg.passkey else "extrapolation"], cfg, trainer)
+
+
+def attention_lab(cfg: AttentionLabConfig, trainer: Sequence[str]) -> dict[str, Any]:
+    return run_lab(LABS["attention"], cfg, trainer)
+
+
+def task_lab(cfg: TaskLabConfig, trainer: Sequence[str]) -> dict[str, Any]:
+    return run_lab(LABS["tasks"], cfg, trainer)
+
+
+__all__ = ["LABS", "AttentionLabConfig", "Lab", "LabConfig", "LabRunsConfig", "Row", "TaskLabConfig",
+           "attention_lab", "extrapolation_lab", "is_finished", "run_lab", "task_lab", "train_runs"]

@@ -1,0 +1,259 @@
+"""The labs' driver: rows over seeds, trained and evaluated alike, published as a results page.
+
+Design choices:
+
+- A lab (``Lab``) is a list of rows, one evaluation per run, the columns a report gives, a
+  figure, and the papers' claims its rows test. ``run_lab`` runs every lab the same way: train
+  (with ``train=true``) each row at each seed, ``<runs_root>/<row>/seed<k>``, with the lab
+  script's training command and ``experiment=<lab>``; evaluate every finished run; write the
+  results page (``nanoattn.eval.results``: every seed's values, means with 95% intervals, the
+  claims decided by their intervals) to ``<out>/<lab>.{json,md,png}``.
+- Runs land in ``runs/<lab>/`` and the page beside them, so a lab run with its defaults leaves
+  the checkout unchanged; ``out=docs/results`` publishes the page.
+- A run is finished when its latest checkpoint is at its configured last step. Training resumes
+  every run that is not (so a killed lab continues where it stopped, and adding a seed trains
+  only the new runs); a run still unfinished at evaluation is shown as unfinished with its step,
+  never as a result.
+- The library never reaches into ``scripts/``: the training command is the lab script's to give
+  (``trainer``), and the lab runs it once per run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import statistics
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import yaml
+
+from nanoattn.checkpoint import CheckpointError, read_checkpoint_config
+from nanoattn.commands.eval_length import LengthEvalConfig
+from nanoattn.eval.results import Claim, record, render_page, write_page
+from nanoattn.eval.runs import is_path
+from nanoattn.logging import read_metrics
+from nanoattn.runtime import DTYPES, check_device_name
+from nanoattn.validation import check_bool, check_choice, check_non_negative_int, check_positive_int, fail
+
+
+@dataclass
+class LabRunsConfig:
+    """The keys every lab has: its seeds, where its runs and its page go, how to train and evaluate."""
+
+    owner: ClassVar[str]
+    seeds: list[int] = dataclasses.field(default_factory=lambda: [0, 1, 2])  # a run per row and seed
+    runs_root: str | None = None  # where the runs are; None: runs/<lab>
+    out: str | None = None  # the page's folder; None: the runs' (docs/results publishes it)
+    max_tokens: int = LengthEvalConfig.max_tokens  # perplexity labs: targets scored at every length
+    batch_size: int = LengthEvalConfig.batch_size
+    dtype: str = LengthEvalConfig.dtype
+    device: str = LengthEvalConfig.device
+    train: bool = False  # first train (or finish) every run the lab evaluates, `workers` at a time
+    workers: int = 2  # trainings at once with train=true; each gets cpu_count // workers threads
+    train_overrides: list[str] = dataclasses.field(default_factory=list)  # e.g. [train.max_steps=500]
+
+    def __post_init__(self) -> None:
+        own = self.owner
+        if isinstance(self.seeds, (str, bytes)) or not isinstance(self.seeds, Sequence) or not self.seeds:
+            fail(own, "seeds", self.seeds, "must be a non-empty list of non-negative integers")
+        for seed in self.seeds:
+            check_non_negative_int(own, "seeds", seed)
+        if len(set(self.seeds)) != len(self.seeds):
+            fail(own, "seeds", self.seeds, "must not repeat a seed")
+        self.seeds = list(self.seeds)
+        check_bool(own, "train", self.train)
+        check_positive_int(own, "workers", self.workers)
+        if not isinstance(self.train_overrides, (list, tuple)) or not all(
+                isinstance(o, str) and "=" in o for o in self.train_overrides):
+            fail(own, "train_overrides", self.train_overrides, "must be a list of key=value overrides")
+        self.train_overrides = list(self.train_overrides)
+        for name in ("runs_root", "out"):
+            if getattr(self, name) is not None and not is_path(getattr(self, name)):
+                fail(own, name, getattr(self, name), "must be a folder or null")
+        for name in ("max_tokens", "batch_size"):
+            check_positive_int(own, name, getattr(self, name))
+        check_choice(own, "dtype", self.dtype, DTYPES)
+        check_device_name(own, "device", self.device)
+
+
+@dataclass(frozen=True)
+class Row:
+    """A row of a lab: its label, the run it evaluates and the overrides that train that run."""
+
+    label: str
+    run: str  # its runs are <runs_root>/<run>/seed<k>
+    train: tuple[str, ...] = ()  # () for a row that evaluates another row's runs
+    scaling: Mapping[str, Any] | None = None  # a zero-shot RoPE scaling at evaluation
+
+
+Report = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Lab:
+    """One experiment: its rows, one run's evaluation, the page's columns and figure, its claims."""
+
+    name: str  # runs/<name>/, <name>.md, and the experiment=<name> its runs train with
+    title: str
+    about: str
+    rows: Callable[[Any], list[Row]]
+    evaluate: Callable[[Any, Path, Row], Report]
+    cells: Callable[[Report], dict[str, float | None]]
+    plot: Callable[[Sequence[Report], Sequence[str], Path], Path]
+    claims: tuple[Claim, ...] = ()
+    # Extra training overrides of one run: (config, row, seed) -> overrides.
+    train_extra: Callable[[Any, Row, int], list[str]] = lambda cfg, row, seed: []
+    # A row's status from its cells over the seeds, None when its numbers stand (task lab: not learned).
+    status: Callable[[Mapping[str, Sequence[float | None]]], str | None] = lambda cells: None
+
+
+def run_dir(runs_root: Path, run: str, seed: int) -> Path:
+    return runs_root / run / f"seed{seed}"
+
+
+def progress(run: Path) -> tuple[int | None, int | None]:
+    """A run's latest checkpoint step and its configured last step (None where it has none)."""
+    try:
+        step = read_checkpoint_config(run)["step"]
+    except CheckpointError:
+        step = None
+    try:
+        last = yaml.safe_load((run / "config.yaml").read_text())["train"]["max_steps"]
+    except (OSError, yaml.YAMLError, KeyError, TypeError):
+        last = None
+    return step, last
+
+
+def is_finished(run: Path) -> bool:
+    step, last = progress(run)
+    return step is not None and step == last
+
+
+def train_runs(trainer: Sequence[str], experiment: str, jobs: Mapping[Path, Sequence[str]], workers: int,
+               overrides: Sequence[str]) -> None:
+    """Train each run directory of ``jobs`` with ``trainer experiment=<experiment> <its overrides>``,
+    ``workers`` at a time, each on cpu_count // workers threads unless OMP_NUM_THREADS is set.
+
+    Finished runs are skipped and any other run there is resumed. Each run's output goes to
+    ``<run>.log``; a failed run is named with its log once the others are done. Interrupting the
+    lab (Ctrl-C, SIGTERM) stops the trainings it started, which save and exit, so a rerun resumes them.
+    """
+    threads = os.environ.get("OMP_NUM_THREADS") or str(max(1, (os.cpu_count() or 1) // workers))
+    env = {**os.environ, "OMP_NUM_THREADS": threads}
+    pending = [run for run in jobs if not is_finished(run)]
+    running: dict[Path, tuple[subprocess.Popen, Any, float]] = {}
+    failed = []
+    try:
+        while pending or running:
+            while pending and len(running) < workers:
+                run = pending.pop(0)
+                resume = ["train.resume=true"] if (run / "config.yaml").exists() else []
+                command = [*trainer, f"experiment={experiment}", *jobs[run], f"hydra.run.dir={run}",
+                           "logger=none", *resume, *overrides]
+                run.parent.mkdir(parents=True, exist_ok=True)
+                log = run.with_name(f"{run.name}.log").open("a")
+                running[run] = (subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env),
+                                log, time.perf_counter())
+            time.sleep(0.5)
+            for run, (process, log, began) in list(running.items()):
+                if process.poll() is not None:
+                    log.close()
+                    del running[run]
+                    done = is_finished(run)
+                    print(f"{run}: {'trained' if done else 'stopped'} in {time.perf_counter() - began:.0f} s "
+                          f"(exit {process.returncode})", flush=True)
+                    if process.returncode or not done:
+                        failed.append(run)
+    finally:
+        for process, _, _ in running.values():
+            process.send_signal(signal.SIGINT)  # the trainer saves a checkpoint and exits
+        for process, log, _ in running.values():
+            process.wait()
+            log.close()
+    if failed:
+        raise ValueError(f"training did not finish {', '.join(map(str, failed))}: see <run>.log beside each")
+
+
+def mean_report(reports: Sequence[Report]) -> Report:
+    """The first report with each numeric field of its ``results`` averaged over ``reports``."""
+    first = dict(reports[0])
+    results = []
+    for entries in zip(*(r["results"] for r in reports), strict=True):
+        entry = dict(entries[0])
+        for key, value in entry.items():
+            numbers = [e[key] for e in entries if isinstance(e.get(key), (int, float)) and not isinstance(
+                e.get(key), bool)]
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and numbers:
+                entry[key] = statistics.fmean(numbers)
+        results.append(entry)
+    return {**first, "results": results}
+
+
+def run_lab(lab: Lab, cfg: LabRunsConfig, trainer: Sequence[str]) -> dict[str, Any]:
+    """Train (with ``cfg.train``) and evaluate every row at every seed; write and print the page."""
+    began = time.perf_counter()
+    runs_root = Path(cfg.runs_root or f"runs/{lab.name}")
+    out = Path(cfg.out) if cfg.out is not None else runs_root
+    rows = lab.rows(cfg)
+    if cfg.train:
+        jobs = {run_dir(runs_root, row.run, seed): [*row.train, f"train.seed={seed}",
+                                                     *lab.train_extra(cfg, row, seed)]
+                for row in rows if row.train for seed in cfg.seeds}
+        train_runs(trainer, lab.name, jobs, cfg.workers, cfg.train_overrides)
+    missing = sorted({str(run_dir(runs_root, row.run, seed)) for row in rows for seed in cfg.seeds
+                      if not run_dir(runs_root, row.run, seed).is_dir()})
+    if missing:
+        raise ValueError(f"no run directory {missing[0]} (and {len(missing) - 1} more); run the lab with "
+                         "train=true to train them")
+    values: dict[str, dict[str, list[float | None]]] = {}
+    status: dict[str, str] = {}
+    figure_reports, figure_labels = [], []
+    for row in rows:
+        reports, unfinished = [], []
+        for seed in cfg.seeds:
+            run = run_dir(runs_root, row.run, seed)
+            step, last = progress(run)
+            if step is None or step != last:
+                unfinished.append(f"seed {seed} at step {step} of {last}")
+                reports.append(None)
+                continue
+            reports.append(lab.evaluate(cfg, run, row))
+        cells = [lab.cells(r) if r is not None else None for r in reports]
+        columns = list(dict.fromkeys(c for one in cells if one for c in one))
+        values[row.label] = {c: [one.get(c) if one else None for one in cells] for c in columns}
+        row_status = "unfinished: " + ", ".join(unfinished) if unfinished else lab.status(values[row.label])
+        if row_status:
+            status[row.label] = row_status
+        done = [r for r in reports if r is not None]
+        if done:
+            figure_reports.append(mean_report(done))
+            figure_labels.append(row.label)
+        print(f"{row.label}: evaluated ({time.perf_counter() - began:.0f} s)", flush=True)
+    page = record(lab.name, lab.title, lab.about, cfg.seeds, values, claims=lab.claims, status=status,
+                  wall_seconds=time.perf_counter() - began)
+    path = write_page(out, page, figure=(lambda p: lab.plot(figure_reports, figure_labels, p))
+                      if figure_reports else None)
+    print(render_page(page), end="")
+    print(f"lab done in {time.perf_counter() - began:.0f} s; wrote {path} and its JSON")
+    return page
+
+
+def training_speed(run: Path) -> float | None:
+    """Median training tokens/s of a run's logged intervals (metrics.jsonl), None if it logged none."""
+    speeds = [r["tok_per_s"] for r in read_metrics(run / "metrics.jsonl") if "tok_per_s" in r]
+    return statistics.median(speeds) if speeds else None
+
+
+def largest_attention_logit(run: Path) -> float | None:
+    """The largest ``max_attn_logit`` a run logged at its evaluations (metrics.jsonl), None if none."""
+    logits = [r["max_attn_logit"] for r in read_metrics(run / "metrics.jsonl") if "max_attn_logit" in r]
+    return max(logits) if logits else None
+
+
+

@@ -1,0 +1,224 @@
+"""Results pages: measurements over seeds as a JSON record, and the markdown page rendered from it.
+
+Design choices:
+
+- A record holds what reproduces and qualifies its numbers: the command that made it, the git
+  commit (and whether the tree had uncommitted changes), the machine (CPU model, the flags that
+  choose kernels, threads, torch), the date, the seeds and every seed's value of every cell.
+  The summary is computed from those values, never stated beside them: each cell's mean and its
+  95% interval, Student's t over the seeds (a cell measured on fewer than two seeds has no
+  interval, and says so).
+- A paper's claim is a comparison of two rows on one column, checked as the paired difference
+  over the seeds both rows measured: it "agrees" when the interval lies on the claimed side of
+  zero, "disagrees" when it lies on the other side, and is "inconclusive" when it holds zero.
+- A row may carry a status instead of numbers (a run not finished, a task not learned): its
+  cells are kept in the record but shown as the status, and no claim is decided on it.
+- ``render_page`` is a function of the record alone, so a page is regenerated from its JSON.
+  ``write_page`` writes the JSON, the markdown and, if given, the figure beside them, under an
+  exclusive lock of the folder, so two writers of one folder never interleave.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import shlex
+import statistics
+import subprocess
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from scipy import stats
+
+from nanoattn.eval.tables import format_table
+from nanoattn.runtime import cpu_flags, exclusive_lock, write_atomic
+
+CONFIDENCE = 0.95
+# The flags that choose a CPU's kernels, and so its speed and its bf16 rounding.
+KERNEL_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
+REPO = Path(__file__).resolve().parents[2]  # the checkout of an editable install
+
+
+def interval(values: Sequence[float]) -> dict[str, Any]:
+    """Mean and 95% interval (Student t) of ``values``; ``low``/``high`` are None below two values."""
+    n = len(values)
+    mean = statistics.fmean(values) if n else None
+    if n < 2:
+        return {"mean": mean, "low": None, "high": None, "n": n}
+    half = float(stats.t.ppf(0.5 + CONFIDENCE / 2, n - 1)) * statistics.stdev(values) / math.sqrt(n)
+    return {"mean": mean, "low": mean - half, "high": mean + half, "n": n}
+
+
+def verdict(difference: Mapping[str, Any]) -> str:
+    """A claim that ``difference`` (claimed side minus other side, oriented to be > 0) is positive."""
+    if difference["low"] is None:
+        return "inconclusive"
+    if difference["low"] > 0:
+        return "agrees"
+    return "disagrees" if difference["high"] < 0 else "inconclusive"
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A paper's claim that row ``better`` beats row ``worse`` on ``column``."""
+
+    paper: str
+    statement: str
+    column: str
+    better: str
+    worse: str
+    lower_is_better: bool = True
+
+
+def machine() -> dict[str, Any]:
+    """What moves the numbers: the CPU's model and kernel flags, threads, torch and Python."""
+    name = "unknown"
+    try:
+        with open("/proc/cpuinfo") as f:
+            name = next((ln.partition(":")[2].strip() for ln in f if ln.startswith("model name")), name)
+    except OSError:
+        pass
+    flags = cpu_flags()
+    return {"cpu": name, "kernel_flags": [f for f in KERNEL_FLAGS if f in flags],
+            "threads": torch.get_num_threads(), "torch": torch.__version__,
+            "python": sys.version.split()[0]}
+
+
+def git_state() -> dict[str, Any]:
+    """The checkout's commit and whether it had uncommitted changes (None where it is no git checkout)."""
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, timeout=30)
+        except OSError:
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    commit = git("rev-parse", "HEAD")
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return {"commit": commit, "dirty": None if status is None else bool(status)}
+
+
+def command_line() -> str:
+    """This process's command as a user would type it again."""
+    script = Path(sys.argv[0])
+    with_python = script.suffix == ".py"
+    if with_python and script.is_absolute() and script.is_relative_to(Path.cwd()):
+        script = script.relative_to(Path.cwd())
+    return shlex.join(["python", str(script), *sys.argv[1:]] if with_python else sys.argv)
+
+
+def record(page: str, title: str, about: str, seeds: Sequence[int],
+           values: Mapping[str, Mapping[str, Sequence[float | None]]], *,
+           claims: Sequence[Claim] = (), status: Mapping[str, str] | None = None,
+           command: str | None = None, **extra: Any) -> dict[str, Any]:
+    """The record of a page: ``values[row][column]`` holds one value per seed (None: not measured).
+
+    ``status[row]`` replaces a row's numbers on the page (and keeps it out of every claim).
+    """
+    status = dict(status or {})
+    rows = []
+    for label, columns in values.items():
+        for column, cells in columns.items():
+            if len(cells) != len(seeds):
+                raise ValueError(f"row {label!r} has {len(cells)} values of {column!r} for {len(seeds)} "
+                                 "seeds")
+        rows.append({"label": label, "status": status.get(label),
+                     "values": {c: list(v) for c, v in columns.items()},
+                     "summary": {c: interval([x for x in v if x is not None]) for c, v in columns.items()}})
+    return {"page": page, "title": title, "about": about, "command": command or command_line(), **git_state(),
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "machine": machine(), "seeds": list(seeds), "rows": rows,
+            "findings": [finding(claim, rows) for claim in claims], **extra}
+
+
+def finding(claim: Claim, rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """``claim`` decided by the paired differences over the seeds both of its rows measured."""
+    by_label = {row["label"]: row for row in rows}
+    result = {"paper": claim.paper, "statement": claim.statement, "column": claim.column,
+              "better": claim.better, "worse": claim.worse}
+    pair = [by_label.get(claim.better), by_label.get(claim.worse)]
+    if any(row is None or claim.column not in row["values"] for row in pair):
+        return {**result, "difference": None, "verdict": "not measured"}
+    held = [row["status"] for row in pair if row["status"]]
+    if held:
+        return {**result, "difference": None, "verdict": f"inconclusive ({'; '.join(held)})"}
+    sign = 1 if claim.lower_is_better else -1
+    better, worse = (row["values"][claim.column] for row in pair)
+    differences = [sign * (w - b) for b, w in zip(better, worse, strict=True)
+                   if b is not None and w is not None]
+    difference = interval(differences)
+    return {**result, "difference": difference, "verdict": verdict(difference)}
+
+
+def number(value: float | None) -> str:
+    if value is None or not math.isfinite(value):
+        return "n/a" if value is None else str(value)
+    if abs(value) >= 1000:
+        return f"{value:,.0f}"
+    return f"{value:.1f}" if abs(value) >= 100 else f"{value:.3g}" if abs(value) >= 1 else f"{value:.3f}"
+
+
+def cell(summary: Mapping[str, Any]) -> str:
+    """``mean ± half-width`` (one seed: the value alone)."""
+    if summary["mean"] is None:
+        return "n/a"
+    if summary["low"] is None:
+        return number(summary["mean"])
+    return f"{number(summary['mean'])} ± {number((summary['high'] - summary['low']) / 2)}"
+
+
+def render_page(page: Mapping[str, Any]) -> str:
+    """The markdown page of a record."""
+    columns = list(dict.fromkeys(c for row in page["rows"] for c in row["values"]))
+    with_status = any(row["status"] for row in page["rows"])
+    table = format_table(
+        ["row", *(["status"] if with_status else []), *columns],
+        ([row["label"], *([row["status"] or ""] if with_status else []),
+          *(cell(row["summary"][c]) if c in row["values"] and not row["status"] else "—" for c in columns)]
+         for row in page["rows"]))
+    facts = page["machine"]
+    flags = ", ".join(facts["kernel_flags"]) or "none of " + ", ".join(KERNEL_FLAGS)
+    machine_text = f"{facts['cpu']} ({flags}), {facts['threads']} threads, torch {facts['torch']}"
+    dirty = " (with uncommitted changes)" if page["dirty"] else ""
+    lines = [f"# {page['title']}", "", page["about"], "",
+             "Generated from the JSON beside this page; regenerate with:", "",
+             "```bash", page["command"], "```", "",
+             f"- commit `{page['commit']}`{dirty}, {page['date']}", f"- machine: {machine_text}",
+             f"- seeds: {', '.join(map(str, page['seeds']))}; each cell is the mean ± the half-width of its "
+             f"{CONFIDENCE:.0%} interval (Student t over the seeds)"]
+    if page.get("wall_seconds") is not None:
+        lines.append(f"- wall time: {page['wall_seconds'] / 60:.1f} minutes")
+    lines += ["", table.rstrip("\n")]
+    if page["findings"]:
+        rows = []
+        for f in page["findings"]:
+            d = f["difference"]
+            measured = "—" if d is None else f"{cell(d)} (n={d['n']})"
+            rows.append([f["paper"], f["statement"], f"{f['better']} vs {f['worse']}, {f['column']}",
+                         measured, f["verdict"]])
+        header = ["paper", "claim", "compared", "advantage", "verdict"]
+        lines += ["", "## Against the papers", "",
+                  "The advantage is the claimed-better row's, paired by seed; the verdict is its interval's: "
+                  "above zero agrees, below disagrees, holding zero is inconclusive.", "",
+                  format_table(header, rows, "lllrl").rstrip("\n")]
+    if page.get("figure"):
+        lines += ["", f"![{page['title']}]({page['figure']})"]
+    return "\n".join(lines) + "\n"
+
+
+def write_page(folder: str | Path, page: Mapping[str, Any],
+               figure: Callable[[Path], Any] | None = None) -> Path:
+    """Write ``<folder>/<page>.json``, ``.md`` and (``figure(path)``) ``.png``; the markdown's path."""
+    folder = Path(folder)
+    name = page["page"]
+    with exclusive_lock(folder, f"the results folder {folder}", wait=True):
+        if figure is not None:
+            figure(folder / f"{name}.png")
+            page = {**page, "figure": f"{name}.png"}
+        write_atomic(folder / f"{name}.json", json.dumps(page, indent=1) + "\n")
+        return write_atomic(folder / f"{name}.md", render_page(page))

@@ -1,0 +1,115 @@
+"""The labs' driver: rows over seeds, finished runs only, a results page in runs/<lab>/ by default."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from nanoattn import GPT, ModelConfig
+from nanoattn.checkpoint import save_checkpoint
+from nanoattn.commands.labs import LABS, AttentionLabConfig, LabConfig, Row, run_lab
+from nanoattn.config import DataConfig
+from nanoattn.config.options import ATTENTION_VARIANTS, encoding_options
+from nanoattn.data import TokenData, ensure_prepared
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("lab_data")
+    docs = root / "docs"
+    docs.mkdir()
+    generator = torch.Generator().manual_seed(6)
+    words = ["to", "be", "or", "not", "that", "is", "the", "question"]
+    for i in range(8):
+        picks = torch.randint(0, len(words), (300,), generator=generator).tolist()
+        (docs / f"doc{i:02d}.txt").write_text(" ".join(words[p] for p in picks) + "\n")
+    return ensure_prepared(DataConfig(name="tiny", corpus="text", paths=[str(docs)], root=str(root / "data"),
+                                      tokenizer={"type": "byte"}, val_fraction=0.2))
+
+
+def save_run(run: Path, data_dir: Path, *, seed: int, step: int = 100, last: int = 100, **fields) -> Path:
+    """A run directory as training leaves it: a checkpoint at ``step`` of ``last``, config, metrics."""
+    torch.manual_seed(seed)
+    shape = dict(vocab_size=TokenData(data_dir).vocab_size, d_model=32, n_layer=2, n_head=4, n_kv_head=2,
+                 d_ff=64, max_seq_len=16)
+    model = GPT(ModelConfig(**{**shape, **fields})).eval()
+    save_checkpoint(run / "checkpoints", f"{step:06d}", model, train_seq_len=16, step=step,
+                    tokenizer_file=data_dir / "tokenizer.json")
+    (run / "config.yaml").write_text(f"data:\n  root: {data_dir.parent}\n  name: {data_dir.name}\n"
+                                     f"train:\n  max_steps: {last}\n")
+    records = [{"step": 10, "tok_per_s": 1000.0 + seed},
+               {"step": 20, "tok_per_s": 3000.0, "max_attn_logit": 7.5}]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    return run
+
+
+ROWS = [Row("rope", "rope", ("pos=rope",)), Row("alibi", "alibi", ("pos=alibi",)),
+        Row("rope+yarn4", "rope", (), {"type": "yarn", "factor": 4})]
+
+
+def test_the_plans_are_read_from_the_registries():
+    extrapolation = [row.label for row in LABS["extrapolation"].rows(LabConfig())]
+    assert extrapolation[:len(encoding_options())] == list(encoding_options())
+    assert extrapolation[len(encoding_options()):] == [
+        "rope+linear4", "rope+linear16", "rope+ntk4", "rope+dynamic4", "rope+yarn4", "rope+yarn16"]
+    assert [row.label for row in LABS["attention"].rows(AttentionLabConfig())] == list(ATTENTION_VARIANTS)
+    assert [row.train for row in LABS["passkey"].rows(LabConfig(passkey=True))][:2] == [("pos=sinusoidal",),
+                                                                                      ("pos=sinusoidal_scaled",)]
+
+
+def test_a_lab_publishes_every_seed_with_intervals_and_never_an_unfinished_run(prepared, tmp_path, capsys):
+    lab = dataclasses.replace(LABS["extrapolation"], rows=lambda cfg: ROWS)
+    runs = tmp_path / "runs"
+    cfg = LabConfig(runs_root=str(runs), seeds=[0, 1], max_tokens=256)
+    save_run(runs / "rope" / "seed0", prepared, seed=0)
+    save_run(runs / "rope" / "seed1", prepared, seed=1)
+    save_run(runs / "alibi" / "seed0", prepared, seed=0, pos="alibi")
+    with pytest.raises(ValueError, match=r"^no run directory .*alibi/seed1 \(and 0 more\); run the lab with"):
+        run_lab(lab, cfg, trainer=())
+    save_run(runs / "alibi" / "seed1", prepared, seed=1, step=40, pos="alibi")  # stopped at step 40 of 100
+    page = run_lab(lab, cfg, trainer=())
+    rows = {row["label"]: row for row in page["rows"]}
+    rope = rows["rope"]
+    assert page["seeds"] == [0, 1] and rope["status"] is None
+    assert list(rope["values"]) == ["ppl 1x", "ppl 2x", "ppl 4x", "ppl 8x", "ppl 16x", "train tok/s"]
+    assert rope["values"]["train tok/s"] == [2000.0, 2000.5]  # each run's median
+    assert all(len(v) == 2 and None not in v for v in rope["values"].values())
+    ppl = rope["values"]["ppl 1x"]
+    summary = rope["summary"]["ppl 1x"]
+    assert summary["mean"] == pytest.approx(sum(ppl) / 2) and summary["low"] < min(ppl)
+    # The zero-shot row evaluates the RoPE runs again, under YaRN; it trained nothing.
+    assert "train tok/s" not in rows["rope+yarn4"]["values"]
+    yarn4 = json.loads((runs / "rope" / "seed0" / "length_eval_yarn4.json").read_text())
+    assert yarn4["rope_scaling"]["factor"] == 4
+    # The stopped run is shown with its step, its values kept out of the summary and of every claim.
+    assert rows["alibi"]["status"] == "unfinished: seed 1 at step 40 of 100"
+    assert rows["alibi"]["values"]["ppl 1x"][1] is None and rows["alibi"]["summary"]["ppl 1x"]["n"] == 1
+    findings = {(f["better"], f["worse"]): f["verdict"] for f in page["findings"]}
+    assert findings[("alibi", "rope")].startswith("inconclusive (unfinished")
+    assert findings[("alibi", "sinusoidal")] == "not measured"
+    # By default the page lands beside the runs, and renders from its JSON.
+    assert json.loads((runs / "extrapolation.json").read_text()) == {**page, "figure": "extrapolation.png"}
+    text = (runs / "extrapolation.md").read_text()
+    assert "| alibi | unfinished: seed 1 at step 40 of 100 | — |" in text
+    assert (runs / "extrapolation.png").stat().st_size > 10_000
+    assert "lab done in" in capsys.readouterr().out
+    # out= publishes elsewhere.
+    run_lab(lab, dataclasses.replace(cfg, out=str(tmp_path / "published")), trainer=())
+    assert (tmp_path / "published" / "extrapolation.md").is_file()
+
+
+def test_the_attention_lab_prices_each_variant(prepared, tmp_path):
+    lab = dataclasses.replace(LABS["attention"], rows=lambda cfg: [Row("plain", "plain"), Row("mla", "mla")])
+    runs = tmp_path / "runs"
+    save_run(runs / "plain" / "seed0", prepared, seed=0)
+    save_run(runs / "mla" / "seed0", prepared, seed=0, mla_kv_rank=8, mla_rope_dim=4, n_kv_head=4)
+    page = run_lab(lab, AttentionLabConfig(runs_root=str(runs), seeds=[0], max_tokens=256), trainer=())
+    rows = {row["label"]: row["values"] for row in page["rows"]}
+    # float32 per token, both layers: 2 x (K + V) x 2 K/V heads x 8 dims x 4 bytes = 256; the latent:
+    # 2 layers x (rank 8 + rope dim 4) x 4 bytes = 96.
+    assert rows["plain"]["KV bytes/token"] == [256] and rows["mla"]["KV bytes/token"] == [96]
+    assert rows["plain"]["max logit"] == [7.5]

@@ -1,0 +1,74 @@
+"""Results pages: intervals over seeds, claims decided by them, and a page rendered from its record."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from nanoattn.eval.results import Claim, interval, record, render_page, verdict, write_page
+
+# Student's t quantile for a two-sided 95% interval with 2 degrees of freedom, in closed form:
+# with 2 degrees of freedom t_p = (2p - 1) / sqrt(2 p (1 - p)).
+T_975_DF2 = (2 * 0.975 - 1) / math.sqrt(2 * 0.975 * 0.025)
+
+
+def test_the_interval_is_students_t_over_the_seeds():
+    summary = interval([1.0, 2.0, 3.0])  # mean 2, sample standard deviation 1
+    half = T_975_DF2 / math.sqrt(3)
+    assert summary["mean"] == 2.0 and summary["n"] == 3
+    assert summary["low"] == pytest.approx(2 - half, rel=1e-12) and summary["high"] == pytest.approx(2 + half)
+    assert interval([5.0]) == {"mean": 5.0, "low": None, "high": None, "n": 1}  # no interval from one seed
+    assert interval([])["mean"] is None
+
+
+@pytest.mark.parametrize(("low", "high", "expected"), [
+    (0.1, 0.5, "agrees"), (-0.5, -0.1, "disagrees"), (-0.1, 0.5, "inconclusive"),
+    (None, None, "inconclusive")])
+def test_the_verdict_is_the_intervals_side_of_zero(low, high, expected):
+    assert verdict({"mean": 0.0, "low": low, "high": high}) == expected
+
+
+def page(better, worse, status=None, lower_is_better=True):
+    claim = Claim("Paper 2024", "a beats b", "ppl", "a", "b", lower_is_better)
+    return record("demo", "Demo", "About.", [0, 1, 2], {"a": {"ppl": better}, "b": {"ppl": worse}},
+                  claims=[claim], status=status, command="python scripts/demo.py")
+
+
+def test_a_claim_is_decided_by_paired_differences_over_the_seeds():
+    # The seeds differ a lot from each other, the pairs little: pairing is what makes it decidable.
+    [agree] = page([10.0, 20.0, 30.0], [10.5, 20.4, 30.6])["findings"]
+    assert agree["verdict"] == "agrees" and agree["difference"]["mean"] == pytest.approx(0.5)
+    assert page([10.5, 20.4, 30.6], [10.0, 20.0, 30.0])["findings"][0]["verdict"] == "disagrees"
+    assert page([10.0, 20.0, 30.0], [10.5, 19.5, 30.1])["findings"][0]["verdict"] == "inconclusive"
+    # Higher is better (accuracy): the sign turns.
+    [accuracy] = page([0.9, 0.8, 0.95], [0.5, 0.4, 0.6], lower_is_better=False)["findings"]
+    assert accuracy["verdict"] == "agrees"
+    # A seed one row did not measure leaves the pair out; a row with a status is never judged.
+    [partial] = page([10.0, None, 30.0], [10.5, 20.4, 30.6])["findings"]
+    assert partial["difference"]["n"] == 2
+    held = page([10.0, 20.0, 30.0], [10.5, 20.4, 30.6], status={"b": "not learned (0.10 at 1x)"})
+    assert held["findings"][0]["verdict"] == "inconclusive (not learned (0.10 at 1x))"
+
+
+def test_a_record_keeps_every_seed_and_refuses_a_row_of_the_wrong_length():
+    rec = page([1.0, 2.0, 3.0], [1.0, 2.0, 3.0])
+    assert rec["seeds"] == [0, 1, 2] and rec["rows"][0]["values"] == {"ppl": [1.0, 2.0, 3.0]}
+    assert rec["machine"]["threads"] >= 1 and rec["machine"]["torch"] and rec["date"]
+    assert rec["command"] == "python scripts/demo.py" and "commit" in rec and "dirty" in rec
+    with pytest.raises(ValueError, match="row 'a' has 2 values of 'ppl' for 3 seeds"):
+        record("demo", "Demo", "About.", [0, 1, 2], {"a": {"ppl": [1.0, 2.0]}})
+
+
+def test_the_page_is_rendered_from_its_json_alone(tmp_path):
+    rec = page([1.0, 2.0, 3.0], [1.5, 2.5, 3.5], status={"b": "unfinished: seed 2 at step 5 of 10"})
+    md = write_page(tmp_path, rec, figure=lambda path: path.write_bytes(b"png"))
+    saved = json.loads((tmp_path / "demo.json").read_text())
+    assert md.read_text() == render_page(saved) and (tmp_path / "demo.png").read_bytes() == b"png"
+    text = md.read_text()
+    assert "python scripts/demo.py" in text and "![Demo](demo.png)" in text
+    half = T_975_DF2 / math.sqrt(3)
+    assert f"| a |  | 2 ± {half:.3g} |" in text  # mean ± the interval's half-width
+    assert "| b | unfinished: seed 2 at step 5 of 10 | — |" in text  # a status replaces the numbers
+    assert not list(tmp_path.glob(".lock*"))
