@@ -7,8 +7,9 @@ Sections (``nanoattn.bench`` states each rule):
   on the same weights, with a check that the tokens are identical;
 - ``eval``: evaluation tokens/s and peak memory at 1x, 4x and 16x the training length per encoding;
 - ``e2e``: the training script's tokens/s read from ``run``'s metrics.jsonl vs the bare step.
-Rows from every section are printed as tables and, with ``out=<file>``, written as JSON with the
-settings they were measured under (thread count and load average included). Every key and its
+Rows from every section are printed as tables and written as a results page (``bench.json`` and
+``bench.md``, with the settings they were measured under) in runs/bench, or in the folder ``out``
+names (``out=docs/results`` publishes it). Every key and its
 default: ``nanoattn.bench.BenchConfig`` (or ``--cfg job``); a user mistake ends in one ``error:`` line.
 """
 

@@ -230,12 +230,18 @@ def test_e2e_without_a_run_is_skipped_with_a_note():
     assert "skipped" in run_sections(["e2e"], tiny_config())["e2e"][0]["note"]
 
 
-def test_run_bench_writes_the_rows_with_their_settings(tmp_path, capsys):
-    run_bench(tiny_config(only=["e2e"], out=str(tmp_path / "bench.json")))
+def test_run_bench_writes_a_results_page_with_the_rows_and_their_settings(tmp_path, capsys):
+    (tmp_path / "notes.txt").write_text("mine")
+    run_bench(tiny_config(only=["e2e"], out=str(tmp_path)))
     written = json.loads((tmp_path / "bench.json").read_text())
     assert written["sections"]["e2e"][0]["section"] == "e2e"
     assert (written["settings"]["only"], written["settings"]["reps"]) == (["e2e"], 1)
-    assert {"threads", "load_average", "torch", "cpu"} <= set(written["settings"])
+    assert {"threads", "load_average"} <= set(written["settings"])
+    assert {"command", "commit", "dirty", "date"} <= set(written) and written["machine"]["torch"]
+    page = (tmp_path / "bench.md").read_text()
+    assert page.startswith("# Benchmarks\n") and "## e2e" in page and written["command"] in page
+    # The folder is the page's: the command writes its two files and nothing else.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bench.json", "bench.md", "notes.txt"]
     assert "note" in capsys.readouterr().out  # the table of each section is printed as it ends
 
 
@@ -259,9 +265,9 @@ def test_the_yaml_states_no_default_and_overrides_reach_the_config(bench_cli_sto
                 return from_dict(BenchConfig, values, owner="bench")
 
             assert build() == BenchConfig()
-            quick = build("only=[train,mfu]", "quick=true", "out=bench.json", "model=llama-tiny",
+            quick = build("only=[train,mfu]", "quick=true", "out=docs/results", "model=llama-tiny",
                           "train_recipe=[]")
-            assert quick == BenchConfig(only=["train", "mfu"], quick=True, out="bench.json",
+            assert quick == BenchConfig(only=["train", "mfu"], quick=True, out="docs/results",
                                         model="llama-tiny", train_recipe=[])
     finally:
         GlobalHydra.instance().clear()

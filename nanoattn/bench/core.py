@@ -45,7 +45,7 @@ class BenchConfig:
     only: list[str] = dataclasses.field(default_factory=lambda: [
         "train", "mfu", "profile", "decode", "eval", "e2e", "encodings", "attention", "sweep"])
     quick: bool = False  # fewer repetitions, shorter sequences (about 2 minutes in all)
-    out: str | None = None  # write the rows and the settings they were measured under as JSON here
+    out: str | None = None  # the page's folder (bench.json and bench.md); None: runs/bench
     model: ModelConfig | str = "llama-small"  # a preset (max_seq_len becomes seq_len) or a ModelConfig
     batch_size: int = 8
     seq_len: int = 256  # train and mfu; eval's 1x (quick: 64)

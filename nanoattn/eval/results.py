@@ -112,6 +112,13 @@ def command_line() -> str:
     return shlex.join(["python", str(script), *sys.argv[1:]] if with_python else sys.argv)
 
 
+def provenance(page: str, title: str, about: str, command: str | None = None) -> dict[str, Any]:
+    """What every page starts with: its name and prose, and what made it, where and when."""
+    return {"page": page, "title": title, "about": about, "command": command or command_line(), **git_state(),
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "machine": machine()}
+
+
 def record(page: str, title: str, about: str, seeds: Sequence[int],
            values: Mapping[str, Mapping[str, Sequence[float | None]]], *,
            claims: Sequence[Claim] = (), status: Mapping[str, str] | None = None,
@@ -130,9 +137,7 @@ def record(page: str, title: str, about: str, seeds: Sequence[int],
         rows.append({"label": label, "status": status.get(label),
                      "values": {c: list(v) for c, v in columns.items()},
                      "summary": {c: interval([x for x in v if x is not None]) for c, v in columns.items()}})
-    return {"page": page, "title": title, "about": about, "command": command or command_line(), **git_state(),
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "machine": machine(), "seeds": list(seeds), "rows": rows,
+    return {**provenance(page, title, about, command), "seeds": list(seeds), "rows": rows,
             "findings": [finding(claim, rows) for claim in claims], **extra}
 
 
@@ -172,6 +177,21 @@ def cell(summary: Mapping[str, Any]) -> str:
     return f"{number(summary['mean'])} ± {number((summary['high'] - summary['low']) / 2)}"
 
 
+def header_lines(page: Mapping[str, Any]) -> list[str]:
+    """A page's title, prose, the command that regenerates it, and where and when it was made."""
+    facts = page["machine"]
+    flags = ", ".join(facts["kernel_flags"]) or "none of " + ", ".join(KERNEL_FLAGS)
+    machine_text = f"{facts['cpu']} ({flags}), {facts['threads']} threads, torch {facts['torch']}"
+    dirty = " (with uncommitted changes)" if page["dirty"] else ""
+    lines = [f"# {page['title']}", "", page["about"], "",
+             "Generated from the JSON beside this page; regenerate with:", "",
+             "```bash", page["command"], "```", "",
+             f"- commit `{page['commit']}`{dirty}, {page['date']}", f"- machine: {machine_text}"]
+    if page.get("wall_seconds") is not None:
+        lines.append(f"- wall time: {page['wall_seconds'] / 60:.1f} minutes")
+    return lines
+
+
 def render_page(page: Mapping[str, Any]) -> str:
     """The markdown page of a record."""
     columns = list(dict.fromkeys(c for row in page["rows"] for c in row["values"]))
@@ -181,19 +201,9 @@ def render_page(page: Mapping[str, Any]) -> str:
         ([row["label"], *([row["status"] or ""] if with_status else []),
           *(cell(row["summary"][c]) if c in row["values"] and not row["status"] else "—" for c in columns)]
          for row in page["rows"]))
-    facts = page["machine"]
-    flags = ", ".join(facts["kernel_flags"]) or "none of " + ", ".join(KERNEL_FLAGS)
-    machine_text = f"{facts['cpu']} ({flags}), {facts['threads']} threads, torch {facts['torch']}"
-    dirty = " (with uncommitted changes)" if page["dirty"] else ""
-    lines = [f"# {page['title']}", "", page["about"], "",
-             "Generated from the JSON beside this page; regenerate with:", "",
-             "```bash", page["command"], "```", "",
-             f"- commit `{page['commit']}`{dirty}, {page['date']}", f"- machine: {machine_text}",
+    lines = [*header_lines(page),
              f"- seeds: {', '.join(map(str, page['seeds']))}; each cell is the mean ± the half-width of its "
-             f"{CONFIDENCE:.0%} interval (Student t over the seeds)"]
-    if page.get("wall_seconds") is not None:
-        lines.append(f"- wall time: {page['wall_seconds'] / 60:.1f} minutes")
-    lines += ["", table.rstrip("\n")]
+             f"{CONFIDENCE:.0%} interval (Student t over the seeds)", "", table.rstrip("\n")]
     if page["findings"]:
         rows = []
         for f in page["findings"]:
@@ -211,9 +221,10 @@ def render_page(page: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_page(folder: str | Path, page: Mapping[str, Any],
-               figure: Callable[[Path], Any] | None = None) -> Path:
-    """Write ``<folder>/<page>.json``, ``.md`` and (``figure(path)``) ``.png``; the markdown's path."""
+def write_page(folder: str | Path, page: Mapping[str, Any], figure: Callable[[Path], Any] | None = None,
+               render: Callable[[Mapping[str, Any]], str] = render_page) -> Path:
+    """Write ``<folder>/<page>.json``, its markdown (``render``) and ``figure(<page>.png)``; the
+    markdown's path."""
     folder = Path(folder)
     name = page["page"]
     with exclusive_lock(folder, f"the results folder {folder}", wait=True):
@@ -221,4 +232,4 @@ def write_page(folder: str | Path, page: Mapping[str, Any],
             figure(folder / f"{name}.png")
             page = {**page, "figure": f"{name}.png"}
         write_atomic(folder / f"{name}.json", json.dumps(page, indent=1) + "\n")
-        return write_atomic(folder / f"{name}.md", render_page(page))
+        return write_atomic(folder / f"{name}.md", render(page))
