@@ -35,7 +35,7 @@ import yaml
 
 from nanoattn.checkpoint import CheckpointError, read_checkpoint_config
 from nanoattn.commands.eval_length import LengthEvalConfig
-from nanoattn.eval.results import Claim, record, render_page, write_page
+from nanoattn.eval.results import Claim, git_state, record, render_page, write_page
 from nanoattn.eval.runs import is_path
 from nanoattn.logging import read_metrics
 from nanoattn.runtime import DTYPES, check_device_name
@@ -198,6 +198,7 @@ def mean_report(reports: Sequence[Report]) -> Report:
 def run_lab(lab: Lab, cfg: LabRunsConfig, trainer: Sequence[str]) -> dict[str, Any]:
     """Train (with ``cfg.train``) and evaluate every row at every seed; write and print the page."""
     began = time.perf_counter()
+    origin = git_state()  # the code that trains and evaluates: the checkout as the lab starts
     runs_root = Path(cfg.runs_root or f"runs/{lab.name}")
     out = Path(cfg.out) if cfg.out is not None else runs_root
     rows = lab.rows(cfg)
@@ -236,7 +237,7 @@ def run_lab(lab: Lab, cfg: LabRunsConfig, trainer: Sequence[str]) -> dict[str, A
             figure_labels.append(row.label)
         print(f"{row.label}: evaluated ({time.perf_counter() - began:.0f} s)", flush=True)
     page = record(lab.name, lab.title, lab.about, cfg.seeds, values, claims=lab.claims, status=status,
-                  wall_seconds=time.perf_counter() - began)
+                  wall_seconds=time.perf_counter() - began, **origin)
     path = write_page(out, page, figure=(lambda p: lab.plot(figure_reports, figure_labels, p))
                       if figure_reports else None)
     print(render_page(page), end="")
