@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,8 @@ from nanoattn.commands.labs import LABS, AttentionLabConfig, LabConfig, Row, run
 from nanoattn.config import DataConfig
 from nanoattn.config.options import ATTENTION_VARIANTS, encoding_options
 from nanoattn.data import TokenData, ensure_prepared
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -113,3 +116,16 @@ def test_the_attention_lab_prices_each_variant(prepared, tmp_path):
     # 2 layers x (rank 8 + rope dim 4) x 4 bytes = 96.
     assert rows["plain"]["KV bytes/token"] == [256] and rows["mla"]["KV bytes/token"] == [96]
     assert rows["plain"]["max logit"] == [7.5]
+
+
+def test_a_lab_with_its_defaults_writes_only_under_the_ignored_runs_folder(prepared, tmp_path, monkeypatch):
+    lab = dataclasses.replace(LABS["attention"], rows=lambda cfg: [Row("plain", "plain")])
+    monkeypatch.chdir(tmp_path)  # runs/ is relative to where the lab runs, as in a checkout's root
+    save_run(tmp_path / "runs" / "attention" / "plain" / "seed0", prepared, seed=0)
+    run_lab(lab, AttentionLabConfig(seeds=[0], max_tokens=256), trainer=())
+    written = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file()
+                     and not str(p.relative_to(tmp_path)).startswith("runs/attention/plain/"))
+    assert written == [f"runs/attention/attention.{ext}" for ext in ("json", "md", "png")]
+    # In a checkout those paths are git-ignored, so `git status` stays clean.
+    ignored = subprocess.run(["git", "check-ignore", *written], cwd=REPO, capture_output=True, text=True)
+    assert ignored.returncode == 0 and ignored.stdout.split() == written
