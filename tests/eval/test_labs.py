@@ -13,25 +13,10 @@ import torch
 from nanoattn import GPT, ModelConfig
 from nanoattn.checkpoint import save_checkpoint
 from nanoattn.commands.labs import LABS, AttentionLabConfig, LabConfig, Row, run_lab
-from nanoattn.config import DataConfig
 from nanoattn.config.options import ATTENTION_VARIANTS, encoding_options
-from nanoattn.data import TokenData, ensure_prepared
+from nanoattn.data import TokenData
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def prepared(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("lab_data")
-    docs = root / "docs"
-    docs.mkdir()
-    generator = torch.Generator().manual_seed(6)
-    words = ["to", "be", "or", "not", "that", "is", "the", "question"]
-    for i in range(8):
-        picks = torch.randint(0, len(words), (300,), generator=generator).tolist()
-        (docs / f"doc{i:02d}.txt").write_text(" ".join(words[p] for p in picks) + "\n")
-    return ensure_prepared(DataConfig(name="tiny", corpus="text", paths=[str(docs)], root=str(root / "data"),
-                                      tokenizer={"type": "byte"}, val_fraction=0.2))
 
 
 def save_run(run: Path, data_dir: Path, *, seed: int, step: int = 100, last: int = 100, **fields) -> Path:

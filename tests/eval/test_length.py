@@ -20,8 +20,7 @@ from omegaconf import OmegaConf
 from nanoattn import GPT, ModelConfig, load_checkpoint
 from nanoattn.checkpoint import save_checkpoint
 from nanoattn.commands.eval_length import LengthEvalConfig, eval_length, run_length_eval
-from nanoattn.config import DataConfig
-from nanoattn.data import TokenData, ensure_prepared
+from nanoattn.data import TokenData
 from nanoattn.eval import evaluate_lengths, lengths_from_multiples, score_length
 from nanoattn.eval.length import PeakMemory, window_starts
 from nanoattn.eval.runs import default_output
@@ -217,22 +216,6 @@ def test_config_mistakes_are_one_line_errors(values, message):
 
 
 # ----------------------------------------------------------------------------- from a checkpoint
-
-
-@pytest.fixture(scope="module")
-def prepared(tmp_path_factory) -> Path:
-    """A byte-tokenized corpus of 12 documents (one held out), prepared by the data layer."""
-    root = tmp_path_factory.mktemp("length_data")
-    docs = root / "docs"
-    docs.mkdir()
-    generator = torch.Generator().manual_seed(6)
-    words = ["to", "be", "or", "not", "that", "is", "the", "question", "whether", "tis", "nobler"]
-    for i in range(12):
-        picks = torch.randint(0, len(words), (400,), generator=generator).tolist()
-        (docs / f"doc{i:02d}.txt").write_text(" ".join(words[p] for p in picks) + "\n")
-    cfg = DataConfig(name="tiny", corpus="text", paths=[str(docs)], root=str(root / "data"),
-                     tokenizer={"type": "byte"}, val_fraction=0.1)
-    return ensure_prepared(cfg)
 
 
 def save_run(run_dir: Path, pos: str, data_dir: Path, **variant) -> Path:
