@@ -206,7 +206,12 @@ def test_config_errors_are_one_line_and_name_the_field(field, value, message):
     with pytest.raises(ValueError, match=message) as error:
         ModelConfig(pos=pos, **{field: value})
     assert "\n" not in str(error.value)
-    ModelConfig(pos="rope", **{field: value})  # checked only where the encoding is used
+    # Elsewhere the field must still be a positive integer; the encoding's own rule applies only where used.
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        ModelConfig(pos="rope", **{field: value})
+    else:
+        with pytest.raises(ValueError, match=rf"^model\.{field}=.* is invalid: must be a positive integer$"):
+            ModelConfig(pos="rope", **{field: value})
     ModelConfig(pos=["rope", pos], t5_num_buckets=2, t5_max_distance=2)  # the smallest valid T5
 
 

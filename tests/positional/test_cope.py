@@ -202,7 +202,13 @@ def test_bad_npos_max_is_a_one_line_error(value):
         config(cope_npos_max=value)
     assert "\n" not in str(error.value)
     config(cope_npos_max=2)
-    config(pos="rope", cope_npos_max=value)  # only checked where CoPE is used
+    # Elsewhere it must still be a positive integer; CoPE's own bound (at least 2) applies only where used.
+    if type(value) is int and value == 1:
+        config(pos="rope", cope_npos_max=value)
+    else:
+        with pytest.raises(ValueError, match=re.escape(f"model.cope_npos_max={value!r} is invalid: must be a "
+                                                       "positive integer")):
+            config(pos="rope", cope_npos_max=value)
 
 
 def test_gradients_reach_the_table_and_the_gates():
