@@ -15,7 +15,8 @@
   a Hydra composition error, Ctrl-C) ends in one ``error: ...`` line and a non-zero exit.
   Required keys are null in the schema and refused by the dataclass (``???`` would not help:
   OmegaConf's merge keeps the schema's value under it). It also sets the process's malloc
-  policy first (``nanoattn.runtime.keep_freed_memory``: 1.18x the CPU trainer's tokens/s).
+  policy first (``nanoattn.runtime.keep_freed_memory``: a step's activations are not faulted in
+  again at every step).
 """
 
 from __future__ import annotations

@@ -9,10 +9,10 @@ Design:
   it uses ``is_causal`` (flash / memory-efficient kernels, memory linear in T).
 - On CPU in bf16 with up to 512 keys (``attn_kernel='auto'``, the default), the same function is
   computed as two bf16 matmuls around a softmax (``_attend_explicit`` in bf16; the score cap and
-  sinks too, whose explicit scores are otherwise float32): SDPA's flash kernel
-  took 2.8x as long forward and backward at the default training shape (T = 256, head_dim 32) and
-  was faster only from about 1024 keys. The scores are then [B, H, T, <= 512]: memory stays linear
-  in T. ``attn_kernel='sdpa'`` is the first round's path: SDPA wherever it can compute the variant.
+  sinks too, whose explicit scores are otherwise float32): at short lengths SDPA's CPU flash
+  kernel is slower than two bf16 matmuls, and faster only from about a thousand keys (``python
+  scripts/bench.py 'only=[attention]'`` prices both). The scores are then [B, H, T, <= 512]:
+  memory stays linear in T. ``attn_kernel='sdpa'`` takes SDPA wherever it can compute the variant.
 - An additive bias (ALiBi) or a cached prefix needs an explicit mask. Queries are then
   processed in chunks, so the largest bias ever built is [n_head, chunk, T_k], never
   [n_head, T, T] for long inputs; each chunk attends only to the keys up to its last query,
@@ -52,8 +52,8 @@ from nanoattn.positional.base import PositionalEncoding
 
 # Largest mask/bias chunk, in elements of [B, n_head, chunk, T_k], built at once on the bias path.
 MASK_CHUNK_ELEMENTS = 1 << 22
-# attn_kernel='auto' on CPU in bf16: up to this many keys, two bf16 matmuls and a softmax (measured
-# faster than SDPA's flash kernel up to 512 keys and slower at 1024; docs/training.md).
+# attn_kernel='auto' on CPU in bf16: up to this many keys, two bf16 matmuls and a softmax (faster
+# than SDPA's flash kernel up to here on the CPUs measured, slower from about 1024 keys).
 BF16_MATMUL_MAX_KEYS = 512
 
 

@@ -22,10 +22,8 @@ class LearnedPositionalEncoding(PositionalEncoding):
 
     def reset_parameters(self) -> None:
         # Zeros, not GPT-2's N(0, 0.02): the table starts as NoPE and holds only what training writes
-        # (the model's own init would draw it N(0, init_std) otherwise). docs/fair_baselines.md:
-        # perplexity at 128 tokens 1.13x RoPE's at 200 steps against 1.20x from N(0, 0.02), 1.24x in
-        # the lab's 250-step recipe, 1.27x at 1,000 steps. 10x the learning rate on an N(0, 0.02)
-        # table: 1.45x at 200 steps.
+        # (the model's own init would draw it N(0, init_std) otherwise): the position signal grows
+        # from nothing, as sinusoidal_scaled's does (docs/fair_baselines.md).
         nn.init.zeros_(self.table.weight)
 
     @property
