@@ -44,12 +44,11 @@ from tokenizers import Tokenizer
 from nanoattn.config import ModelConfig
 from nanoattn.model import GPT
 from nanoattn.positional import encodings_with
-from nanoattn.runtime import temporary_sibling, write_atomic
+from nanoattn.runtime import CHECKPOINTS, temporary_sibling, write_atomic
 from nanoattn.validation import is_int
 
 LATEST = "latest"
 _PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")  # a checkpoint's name: no separators
-CHECKPOINTS = "checkpoints"  # <run dir>/checkpoints/<name>/
 FORMAT_VERSION = "1"
 # Model fields a run started with train.init_from takes from its own config; every other field
 # comes from the checkpoint, since the weights fix the shape.

@@ -17,6 +17,12 @@
   OmegaConf's merge keeps the schema's value under it). It also sets the process's malloc
   policy first (``nanoattn.runtime.keep_freed_memory``: a step's activations are not faulted in
   again at every step).
+- A training config names its run directory with two resolvers: ``${run_dir:${out_dir},<name>...}``
+  checks ``out_dir`` (never empty) and the directory (``nanoattn.runtime.check_output``) before
+  Hydra creates it, and ``${encoding:...}`` names a run after its encoding: the ``pos`` option
+  chosen, else the model preset's own (never ``None``).
+- A sweep (``-m``) runs every job: a job's failure is printed when it happens and again, with
+  every other, when the sweep ends, and the script then exits with status 1.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import contextlib
 import dataclasses
 import os
 import sys
+import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -33,6 +40,7 @@ import hydra
 from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import HydraException
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import (
     ConfigAttributeError,
@@ -42,7 +50,7 @@ from omegaconf.errors import (
 
 from nanoattn.config import PRESETS
 from nanoattn.config.options import ATTENTION_VARIANTS, RECIPES, encoding_options
-from nanoattn.runtime import keep_freed_memory
+from nanoattn.runtime import check_output, keep_freed_memory
 from nanoattn.tasks import TASKS
 from nanoattn.validation import declared_defaults, from_dict
 
@@ -56,6 +64,33 @@ OPEN_MAPPINGS = ("rope_scaling.",)
 # ``${pid:}`` in a default out_dir: runs started in the same second by different processes get
 # different directories (under torchrun rank 0's is the one used; the others' empty ones are removed).
 OmegaConf.register_new_resolver("pid", os.getpid)
+
+
+def run_name(*names: Any) -> str:
+    """``${run_name:<name>,...}``: a run's path below out_dir (a sweep's subdir); no part may be null."""
+    if None in names:
+        raise ValueError(f"a run directory named {'/'.join(map(str, names))!r} has an unnamed part: give the "
+                         f"choice this experiment names its runs by (task=<name>)")
+    return "/".join(map(str, names))
+
+
+def run_dir(out_dir: Any, *names: Any) -> str:
+    """``${run_dir:${out_dir},<name>...}``: ``<out_dir>/<name>/...``, checked before Hydra creates it."""
+    check_output(out_dir, "out_dir", what="a run", folder=True)  # never empty (nor the repository)
+    return str(check_output(Path(out_dir, run_name(*names)), "out_dir", what="a run", folder=True))
+
+
+def encoding(choice: Any, pos: Any) -> str:
+    """``${encoding:${hydra:runtime.choices.pos},${model.pos}}``: the ``pos`` option chosen, else the
+    model's own encoding (one name per layer, joined by ``-``)."""
+    if choice is not None:
+        return str(choice)
+    return pos if isinstance(pos, str) else "-".join(map(str, pos))
+
+
+OmegaConf.register_new_resolver("run_name", run_name)
+OmegaConf.register_new_resolver("run_dir", run_dir)
+OmegaConf.register_new_resolver("encoding", encoding)
 
 
 _SCHEMAS: list[dict[str, Any]] = []  # what register_schema stored, to name the allowed keys in errors
@@ -101,6 +136,10 @@ def one_line(error: BaseException) -> str:
         allowed = _siblings(cause.full_key)
         return (f"unknown key {cause.full_key!r}; allowed: {', '.join(allowed)}" if allowed
                 else f"unknown key {cause.full_key!r} (--cfg job lists every key)")
+    while isinstance(cause, OmegaConfBaseException) and (cause.__cause__ or cause.__context__):
+        cause = cause.__cause__ or cause.__context__  # a resolver's own error (run_dir), under OmegaConf's
+    if isinstance(cause, ValueError) and not isinstance(cause, OmegaConfBaseException):
+        return str(cause).splitlines()[0]
     lines = [ln.strip() for ln in str(error).splitlines() if ln.strip()]
     if "Config search path:" in lines:  # an unknown group option: keep the options, not the paths
         lines = lines[:lines.index("Config search path:")]
@@ -116,25 +155,36 @@ def is_main_rank() -> bool:
     return os.environ.get("RANK", "0") == "0"
 
 
-@contextlib.contextmanager
-def one_line_errors(errors: tuple[type[BaseException], ...] = ()) -> Iterator[None]:
-    """Turn a user's error into one ``error:`` line and a non-zero exit.
+def user_error(error: BaseException, errors: tuple[type[BaseException], ...] = ()) -> str | None:
+    """The one line of a user's error; None for a bug (which keeps its traceback).
 
     User errors are ValueErrors (bad values, bad files: CheckpointError, DataError), OSErrors (a
-    path that cannot be read or written), Hydra's composition errors, Ctrl-C and ``errors``;
-    anything else is a bug and keeps its traceback. Used inside the ``@hydra.main`` function too,
+    path that cannot be read or written), Hydra's composition errors and ``errors``.
+    """
+    if isinstance(error, (HydraException, OmegaConfBaseException)):
+        return one_line(error)
+    if isinstance(error, (ValueError, OSError, *errors)):
+        return str(error).splitlines()[0] if str(error) else type(error).__name__
+    return None
+
+
+@contextlib.contextmanager
+def one_line_errors(errors: tuple[type[BaseException], ...] = ()) -> Iterator[None]:
+    """Turn a user's error (``user_error``, or Ctrl-C) into one ``error:`` line and a non-zero exit.
+
+    Anything else is a bug and keeps its traceback. Used inside the ``@hydra.main`` function too,
     since Hydra prints a report of its own for an exception that leaves it.
     """
     code = 1
     try:
         yield
         return
-    except (HydraException, OmegaConfBaseException) as e:
-        message = one_line(e)
-    except (ValueError, OSError, *errors) as e:
-        message = str(e).splitlines()[0] if str(e) else type(e).__name__
     except KeyboardInterrupt:
         message, code = "interrupted", 130
+    except Exception as e:
+        message = user_error(e, errors)
+        if message is None:
+            raise
     sys.exit(f"error: {message}" if is_main_rank() else code)
 
 
@@ -172,22 +222,60 @@ def lab_command(name: str, schema: type, run: Callable[..., Any]) -> Callable[[]
     return command(name, schema, lambda cfg: run(cfg, trainer=TRAINER))
 
 
+class Sweep:
+    """The jobs of a sweep (``-m``): each runs whatever the others did, its failure noted."""
+
+    def __init__(self) -> None:
+        self.jobs = 0
+        self.failed: list[str] = []
+
+    @contextlib.contextmanager
+    def job(self, errors: tuple[type[BaseException], ...]) -> Iterator[None]:
+        """Run one job; a failure is printed now (a bug with its traceback) and kept for ``report``."""
+        hydra_cfg = HydraConfig.get()
+        given = {arg.partition("=")[0]: arg for arg in sys.argv[1:]}
+        # This job's own values: the overrides the command line sweeps (a,b,c) or the config's sweeper adds.
+        swept = [o for o in hydra_cfg.overrides.task if "," in given.get(o.partition("=")[0], ",")]
+        name = f"job {hydra_cfg.job.num}" + (f" ({' '.join(swept)})" if swept else "")
+        self.jobs += 1
+        try:
+            yield
+        except Exception as e:  # Ctrl-C (KeyboardInterrupt) still stops the whole sweep
+            message = user_error(e, errors)
+            if message is None:
+                traceback.print_exc()
+                message = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            print(f"error: {name}: {message}", file=sys.stderr, flush=True)
+            self.failed.append(f"{name}: {message}")
+
+    def report(self) -> None:
+        """After the sweep: every failed job again, and exit status 1 if any failed."""
+        if self.failed:
+            print(f"{len(self.failed)} of {self.jobs} jobs of the sweep failed:", *self.failed,
+                  sep="\n  ", file=sys.stderr)
+            sys.exit(f"error: {len(self.failed)} of {self.jobs} jobs of the sweep failed (listed above)")
+
+
 def training_command(name: str, schema: dict[str, Any], run: Callable[[dict[str, Any]], Any],
                      errors: tuple[type[BaseException], ...]) -> Callable[[], None]:
     """The whole script of a training entry point (train, extend_context) for ``configs/<name>.yaml``.
 
     The run directory is Hydra's output directory (configs/hydra/run.yaml: ``out_dir``, or
     ``<out_dir>/<job>`` in a sweep); ``run`` gets the composed values with ``out_dir`` set to it.
-    ``errors`` are the training errors that are the user's to fix (a diverged run).
+    ``errors`` are the training errors that are the user's to fix (a diverged run). A sweep runs
+    every job and fails at its end if one did (``Sweep``).
     """
     register_schema(f"{name}_schema", schema)
     register_options()
+    sweep = Sweep()
 
     @hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name=name)
     def main(cfg: DictConfig) -> None:
-        hydra_dir = Path(HydraConfig.get().runtime.output_dir)
+        hydra_cfg = HydraConfig.get()
+        hydra_dir = Path(hydra_cfg.runtime.output_dir)
+        guard = sweep.job(errors) if hydra_cfg.mode == RunMode.MULTIRUN else one_line_errors(errors)
         try:
-            with one_line_errors(errors):
+            with guard:
                 run({**to_values(cfg), "out_dir": str(hydra_dir)})
         finally:
             # Hydra creates its output directory before we run; drop it if it stayed empty (a failed
@@ -195,4 +283,8 @@ def training_command(name: str, schema: dict[str, Any], run: Callable[[dict[str,
             with contextlib.suppress(OSError):
                 hydra_dir.rmdir()
 
-    return lambda: guarded(main, errors)
+    def script() -> None:
+        guarded(main, errors)
+        sweep.report()
+
+    return script

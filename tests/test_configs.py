@@ -13,7 +13,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import OmegaConf, open_dict
+from omegaconf import OmegaConf, open_dict, read_write
 
 from nanoattn.bench.core import BenchConfig
 from nanoattn.bench.speedrun import recipe
@@ -25,7 +25,7 @@ from nanoattn.tasks import TASKS
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs"
 sys.path.insert(0, str(REPO / "scripts"))
-from _hydra_cli import register_options, register_schema  # noqa: E402  (scripts/ is not a package)
+from _hydra_cli import one_line, register_options, register_schema  # noqa: E402  (scripts/ is not a package)
 
 register_schema("train_schema", RunConfig)
 register_options()
@@ -58,6 +58,15 @@ def _values(overrides: list[str]) -> dict:
 
 def _run_config(overrides: list[str]) -> RunConfig:
     return RunConfig.from_dict(_values(overrides))
+
+
+def _dirs(overrides: list[str]) -> tuple[str, str, str]:
+    """(hydra.run.dir, hydra.sweep.dir, job 0's hydra.sweep.subdir) as scripts/train.py's Hydra has them."""
+    cfg = _compose(overrides, hydra=True)
+    HydraConfig.instance().set_config(cfg)
+    with read_write(cfg.hydra.job), open_dict(cfg.hydra.job):
+        cfg.hydra.job.num = 0
+    return cfg.hydra.run.dir, cfg.hydra.sweep.dir, cfg.hydra.sweep.subdir
 
 
 def test_the_registry_groups_are_the_registries_and_have_no_files():
@@ -163,7 +172,8 @@ def test_each_task_composes_into_the_task_suites_run(task):
     cfg = _run_config(["experiment=tasks", f"task={task}", "pos=nope"])
     assert cfg.task.name == task and cfg.data.tokenizer.type == "byte" and cfg.train.seq_len is None
     assert cfg.task.train_length == TASKS[task].train_length
-    assert cfg.out_dir == f"runs/tasks/{task}"
+    assert _dirs(["experiment=tasks", f"task={task}", "pos=nope"]) == (
+        f"runs/tasks/{task}/nope", "runs/tasks", f"{task}/nope")  # a sweep's root is out_dir too
     # The suite keeps its own optimizer keys (docs/tasks.md measured them), not the default recipe's.
     assert (cfg.train.optimizer, cfg.train.lr, cfg.model.tie_embeddings, cfg.train.head_lr_scale) == (
         "muon", 0.003, True, 1.0)
@@ -195,3 +205,36 @@ def test_hydra_never_changes_directory_and_sweeps_into_numbered_subdirectories()
     assert OmegaConf.to_container(hydra.sweep)["subdir"] == "${hydra.job.num}"
     sweep = _compose(["experiment=pos_sweep"], hydra=True).hydra.sweeper.params
     assert sweep.pos == "sinusoidal,learned,rope,alibi,nope"
+
+
+@pytest.mark.parametrize(("overrides", "dirs"), [
+    (["experiment=extrapolation"], ("runs/extrapolation/rope", "runs/extrapolation", "rope")),  # llama-tiny's
+    (["experiment=extrapolation", "model=gpt-tiny"], ("runs/extrapolation/learned", "runs/extrapolation",
+                                                      "learned")),
+    (["experiment=extrapolation", "model.pos=[rope,nope]"], ("runs/extrapolation/rope-nope",
+                                                             "runs/extrapolation", "rope-nope")),
+    (["experiment=passkey", "out_dir=runs/p"], ("runs/p/rope", "runs/p", "rope")),
+    (["experiment=attention", "out_dir=runs/a"], ("runs/a/plain", "runs/a", "plain")),
+    (["experiment=tasks", "task=copy", "out_dir=runs/t"], ("runs/t/copy/rope", "runs/t", "copy/rope")),
+    (["experiment=recipe_sweep", "out_dir=runs/r"], ("runs/r/default/seed0", "runs/r", "default/seed0")),
+], ids=lambda v: " ".join(v) if isinstance(v, list) else "")
+def test_experiments_put_every_run_below_out_dir_named_never_none(overrides, dirs):
+    """A sweep's root is out_dir, as a single run's is; without pos= the preset's own encoding names it."""
+    assert _dirs(overrides) == dirs
+    if overrides[0] == "experiment=passkey":
+        assert _values(overrides)["train"]["init_from"] == "runs/extrapolation/rope"
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    (["out_dir="], "out_dir='' is invalid: an empty path; give a folder path"),
+    (["experiment=extrapolation", "out_dir="], "out_dir='' is invalid: an empty path"),  # not /rope
+    (["out_dir=."], f"out_dir='.' is invalid: it is the root of the repository {REPO}; "),
+    (["experiment=tasks"], "a run directory named 'None/rope' has an unnamed part: give the choice this "
+                           "experiment names its runs by (task=<name>)"),
+], ids=["empty", "empty-experiment", "repository", "tasks-without-task"])
+def test_a_run_directory_that_is_empty_the_repository_or_unnamed_is_refused_before_hydra_makes_it(
+        overrides, message, monkeypatch):
+    monkeypatch.chdir(REPO)
+    with pytest.raises(Exception) as info:
+        _dirs(overrides)
+    assert one_line(info.value).startswith(message), one_line(info.value)

@@ -1,11 +1,13 @@
-"""Runtime policy: device choice, the autocast dtype from the CPU's flags, atomic writes."""
+"""Runtime policy: device choice, the autocast dtype from the CPU's flags, atomic writes, outputs."""
 
 import os
 import platform
+import re
 import signal
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 import torch
@@ -144,3 +146,41 @@ def test_keep_freed_memory_leaves_another_c_library_alone(monkeypatch):
     monkeypatch.setattr(runtime.platform, "libc_ver", lambda: ("musl", "1.2"))
     monkeypatch.setattr(runtime.ctypes, "CDLL", no_library)
     assert runtime.keep_freed_memory() is False
+
+
+def test_check_output_is_one_rule_for_every_output(tmp_path):
+    """Never empty, never a repository's root to fill, never inside a checkpoint, never over a file
+    that is not the command's own (nor over a figure beside a file that is not)."""
+    check = runtime.check_output
+    repo = Path(__file__).resolve().parents[1]
+    for value, message in (("", "k='' is invalid: an empty path; give a file path"),
+                           (None, "k=None is invalid: an empty path")):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            check(value, "k")
+    with pytest.raises(ValueError, match=re.escape(f"k='{repo}' is invalid: it is the root of the")):
+        check(repo, "k", folder=True)
+    assert check(repo / "runs" / "x", "k", folder=True) == repo / "runs" / "x"
+    run = tmp_path / "run"
+    (run / "checkpoints" / "000010").mkdir(parents=True)
+    (run / "config.yaml").write_text("{}\n")
+    (run / "checkpoints" / "000010" / "model.safetensors").write_bytes(b"weights")
+    for path, holder in ((run / "checkpoints" / "000010" / "r.json", run / "checkpoints" / "000010"),
+                         (run / "checkpoints" / "heads", run / "checkpoints")):
+        with pytest.raises(ValueError, match=re.escape(f"is invalid: it is inside {holder}, which holds")):
+            check(path, "k", what="a report")
+    mine, theirs = tmp_path / "mine.json", tmp_path / "theirs.json"
+    figure = theirs.with_suffix(".png")
+    mine.write_text('{"ours": 1}')
+    theirs.write_text('{"x": 1}')
+    figure.write_bytes(b"a figure")
+
+    def ours(path):
+        return runtime.json_object_with(path, ["ours"])
+
+    assert check(mine, "k", what="a report", ours=ours, beside=[mine.with_suffix(".png")]) == mine
+    with pytest.raises(ValueError, match=re.escape(f"k: {theirs} exists and is not a report: never")):
+        check(theirs, "k", what="a report", ours=ours)
+    theirs.unlink()
+    with pytest.raises(ValueError, match=re.escape(f"k: {figure} exists without a report beside it, so it is "
+                                                   "not ours to overwrite; choose another k")):
+        check(theirs, "k", what="a report", ours=ours, beside=[figure])

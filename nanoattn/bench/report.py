@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from nanoattn.bench.core import BenchConfig, Row, run_sections
-from nanoattn.eval.results import header_lines, provenance, write_page
+from nanoattn.eval.results import check_page_output, header_lines, provenance, write_page
 from nanoattn.eval.tables import format_table as markdown_table
 
 ABOUT = ("Training-step, decoding and evaluation speed of nanoattn against transformers' models of the same "
@@ -29,6 +29,7 @@ ABOUT = ("Training-step, decoding and evaluation speed of nanoattn against trans
 
 def run_bench(cfg: BenchConfig) -> dict[str, list[Row]]:
     """Run ``cfg.only``; print a table per section as it ends; write the page. The rows."""
+    check_page_output(Path(cfg.out or "runs/bench"), "bench", "bench.out")  # before benching, not after
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
     loads = {"start": os.getloadavg()}  # 1, 5 and 15-minute load averages
@@ -41,7 +42,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, list[Row]]:
     results = run_sections(cfg.only, cfg, on_done=report)
     settings = dict(dataclasses.asdict(cfg), threads=torch.get_num_threads(), load_average=loads)
     page = {**provenance("bench", "Benchmarks", ABOUT), "settings": settings, "sections": results}
-    path = write_page(Path(cfg.out or "runs/bench"), page, render=render_bench)
+    path = write_page(Path(cfg.out or "runs/bench"), page, render=render_bench, key="bench.out")
     print(f"wrote {path} and its JSON")
     return results
 

@@ -3,7 +3,9 @@
 ``analyze_heads`` loads the run and its data (``nanoattn.eval.runs.load_for_eval``: the run's
 data folder, the checkpoint's tokenizer), takes evenly spaced validation windows, measures
 (``nanoattn.eval.heads``), draws (``nanoattn.eval.plots``) and writes heads.json, then prints
-the per-head and pruning tables.
+the per-head and pruning tables. Its folder defaults to ``<run>/heads/<checkpoint>``, beside the
+checkpoints and never inside one (pruning deletes checkpoints); a folder's heads.json and figures
+are replaced only when they are an earlier analysis (``nanoattn.runtime.check_output``).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 
 import torch
 
+from nanoattn.checkpoint import resolve_checkpoint, run_directory
 from nanoattn.eval.heads import (
     BROAD_MIN_ENTROPY,
     DELIMITER_MASS,
@@ -39,7 +42,10 @@ from nanoattn.eval.plots import (
     token_labels,
 )
 from nanoattn.eval.runs import CheckpointEvalConfig, is_path, load_for_eval, write_report
+from nanoattn.runtime import check_output, json_object_with
 from nanoattn.validation import check_choice, check_positive_int, fail
+
+HEADS_KEYS = ("checkpoint", "heads", "pruning")  # what marks a heads.json as an earlier analysis
 
 
 @dataclass
@@ -48,7 +54,7 @@ class HeadAnalysisConfig(CheckpointEvalConfig):
 
     owner = "analyze_heads"
 
-    out_dir: str | None = None  # None: <checkpoint>/heads
+    out_dir: str | None = None  # None: <run dir>/heads/<checkpoint name>, beside the checkpoints
     text: str | None = None  # text for the attention maps; None: the first map_len validation tokens
     map_len: int = 64
     head: list[int] | None = None  # [layer, head]: also draw that head's map at full size, tokens on the axes
@@ -78,12 +84,31 @@ class HeadAnalysisConfig(CheckpointEvalConfig):
         check_choice(own, "prune_scope", self.prune_scope, PRUNE_SCOPES)
 
 
+def check_heads_output(cfg: HeadAnalysisConfig) -> Path:
+    """The analysis folder (``out_dir``, else ``<run dir>/heads/<checkpoint name>``), checked before
+    any work: not a repository's root nor inside a checkpoint, and its heads.json and figures new
+    or an earlier analysis."""
+    key = f"{cfg.owner}.out_dir"
+    if cfg.out_dir is not None:
+        out_dir = check_output(cfg.out_dir, key, what="a head analysis", folder=True)
+    else:
+        ckpt = resolve_checkpoint(cfg.ckpt)
+        out_dir = run_directory(ckpt) / "heads" / ckpt.name
+    figures = ["attention_maps.png", "importance.png", "pruning.png"]
+    if cfg.head is not None:
+        figures.append(f"attention_L{cfg.head[0]}H{cfg.head[1]}.png")
+    check_output(out_dir / "heads.json", key, what="a head analysis (heads.json)",
+                 ours=lambda file: json_object_with(file, HEADS_KEYS), beside=[out_dir / f for f in figures])
+    return out_dir
+
+
 def analyze_heads(cfg: HeadAnalysisConfig) -> dict[str, Any]:
     """Statistics, importance, pruning and attention maps of a checkpoint, written to ``out_dir``.
 
     Files: heads.json, attention_maps.png, importance.png, pruning.png and, with ``cfg.head``,
     attention_L<layer>H<head>.png. Returns the heads.json content.
     """
+    out_dir = check_heads_output(cfg)
     ckpt, data = load_for_eval(cfg.ckpt, device=cfg.device, data_dir=cfg.data_dir)
     model, n_layer, n_head = ckpt.model, ckpt.config.n_layer, ckpt.config.n_head
     device = next(model.parameters()).device
@@ -91,7 +116,6 @@ def analyze_heads(cfg: HeadAnalysisConfig) -> dict[str, Any]:
     seq_len = cfg.seq_len or ckpt.train_seq_len
     batches = [(x.to(device), y.to(device))
                for x, y in data.val_batches(cfg.n_batches, batch_size=cfg.batch_size, seq_len=seq_len)]
-    out_dir = Path(cfg.out_dir) if cfg.out_dir is not None else ckpt.path / "heads"
     out_dir.mkdir(parents=True, exist_ok=True)
     print(f"{ckpt.path}: {n_layer} layers x {n_head} heads ({ckpt.config.n_kv_head} kv), "
           f"{len(batches) * cfg.batch_size} validation windows of {seq_len} tokens from {data.data_dir}")

@@ -2,6 +2,7 @@
 
 Each path is a ``length_eval*.json`` file or a run directory (then its ``length_eval.json``);
 reading and tabulating them is ``nanoattn.eval.compare``, the figure ``nanoattn.eval.plots``.
+``out`` and ``table`` replace only an earlier figure and table (``nanoattn.runtime.check_output``).
 """
 
 from __future__ import annotations
@@ -9,10 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from nanoattn.eval.compare import length_table, load_report
-from nanoattn.eval.plots import plot_length_curves
+from nanoattn.eval.compare import is_length_table, length_table, load_report
+from nanoattn.eval.plots import is_figure, plot_length_curves
 from nanoattn.eval.runs import is_path
-from nanoattn.runtime import write_atomic
+from nanoattn.runtime import check_output, write_atomic
 from nanoattn.validation import fail
 
 
@@ -40,14 +41,18 @@ class CompareLengthConfig:
             fail(own, "out", self.out, "must be a file path")
         if self.table is not None and not is_path(self.table):
             fail(own, "table", self.table, "must be a file path or null")
+        if self.table is not None and Path(self.table) == Path(self.out):
+            fail(own, "table", self.table, "must be another file than out (the figure)")
 
 
 def compare_length(cfg: CompareLengthConfig) -> str:
     """The command: plot every run's curves into ``out``, print the table (also written to ``table``)."""
+    out = check_output(cfg.out, "compare_length.out", what="a figure", ours=is_figure)
+    if cfg.table is not None:
+        check_output(cfg.table, "compare_length.table", what="a length table", ours=is_length_table)
     loaded = [load_report(p) for p in cfg.paths]
     labels = [str(name) for name in cfg.labels] if cfg.labels is not None else [name for name, _ in loaded]
     reports = [report for _, report in loaded]
-    out = Path(cfg.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     plot_length_curves(reports, labels, out)
     table = length_table(reports, labels)

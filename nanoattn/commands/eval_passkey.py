@@ -1,7 +1,7 @@
 """``scripts/eval_passkey.py``: passkey retrieval of a checkpoint at several lengths and depths.
 
 ``run_passkey_eval`` loads the run, takes filler from its held-out split and writes the report
-(``<run dir>/passkey[_<scaling>][_step<N>].json``) and its heat map; ``eval_passkey`` is the
+(``<run dir>/passkey[_<scaling>][_seed<k>][_step<N>].json``) and its heat map; ``eval_passkey`` is the
 command: the same, then accuracy per depth and length on stdout. The measurement is
 ``nanoattn.eval.passkey`` (docs/extrapolation.md, "Passkey retrieval").
 """
@@ -25,6 +25,7 @@ class PasskeyEvalConfig(AtLengthsConfig):
 
     owner = "eval_passkey"
     report_stem = REPORT_STEM
+    file_keys = ("seed",)  # another seed's report goes beside: <stem>_seed<k>.json
 
     depths: Sequence[float] = DEFAULT_DEPTHS  # where the key sits: 0 = start of the context, 1 = the end
     samples: int = 20  # keys (each with its own filler) per length and depth

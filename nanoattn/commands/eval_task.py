@@ -2,7 +2,7 @@
 
 ``run_task_eval`` reads the task from the run's ``config.yaml``, scores the checkpoint
 (``nanoattn.eval.tasks``) with filler from the held-out split and writes the report
-(``<run dir>/task_eval[_<scaling>][_step<N>].json``: every bin and every instance's seed, size and
+(``<run dir>/task_eval[_<scaling>][_seed<k>][_step<N>].json``: every bin and every instance's seed, size and
 result) and its figure; ``eval_task`` is the command: the same, then the table on stdout.
 """
 
@@ -39,6 +39,7 @@ class TaskEvalConfig(ReportConfig):
 
     owner = "eval_task"
     report_stem = REPORT_STEM
+    file_keys = ("seed",)  # another seed's report goes beside: <stem>_seed<k>.json
 
     batch_size: int = 64  # instances per forward pass
     factors: Sequence[float] = DEFAULT_FACTORS  # bins: sizes up to factor x the training length

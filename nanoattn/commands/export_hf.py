@@ -13,6 +13,7 @@ from typing import Any
 
 from nanoattn.checkpoint import load_checkpoint
 from nanoattn.hf import export_hf
+from nanoattn.runtime import check_output
 from nanoattn.validation import fail
 
 OWNER = "export_hf"
@@ -36,7 +37,9 @@ class ExportConfig:
 
 
 def export(cfg: ExportConfig) -> Path:
-    """Export ``cfg.ckpt`` to ``cfg.out``, print where it went; the folder."""
+    """Export ``cfg.ckpt`` to ``cfg.out`` (a new or empty folder, not inside a checkpoint), print
+    where it went; the folder."""
+    check_output(cfg.out, f"{OWNER}.out", what="an export", folder=True)
     loaded = load_checkpoint(cfg.ckpt, rope_scaling=cfg.rope_scaling)
     out = export_hf(loaded.model, cfg.out, loaded.tokenizer)
     print(f"wrote {out} (load it with transformers.AutoModelForCausalLM.from_pretrained({str(out)!r}))")

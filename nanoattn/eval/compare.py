@@ -9,7 +9,8 @@ Design choices:
   ppl(L) / ppl(training length), the number that says whether an encoding holds up independently
   of how good it is in distribution. Lengths a run did not reach read ``n/a`` (learned positions
   past their table), lengths it was not evaluated at stay empty. Reports that carry their run's
-  training tokens/s (the extrapolation lab's) get a last column with it.
+  training tokens/s (the extrapolation lab's) get a last column with it. A file is such a
+  table (``is_length_table``, the one a command may replace) when it opens with its header.
 """
 
 from __future__ import annotations
@@ -74,3 +75,12 @@ def length_table(reports: Sequence[Mapping[str, Any]], labels: Sequence[str]) ->
         cells += [form.format(report[key]) if report.get(key) else "" for key, _, form in extras]
         rows.append([label, *cells])
     return format_table(header, rows)
+
+
+def is_length_table(path: Path) -> bool:
+    """True when ``path`` holds a table ``length_table`` wrote: a markdown table opening ``| run |``."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.readline().startswith("| run |")
+    except (OSError, UnicodeDecodeError):
+        return False

@@ -13,6 +13,8 @@ Design choices:
   and a curve per label in the same style in every panel, so an encoding is one colour throughout.
 - Heads: a grid of every head's map, one head at full size with its tokens, the importance
   heatmap labelled with each head's kind, and the pruning curve.
+- A figure is recognised as ours (``is_figure``, so a command replaces only its own) by the
+  maker matplotlib writes into every PNG, PDF and SVG it saves.
 """
 
 from __future__ import annotations
@@ -35,9 +37,22 @@ CURVE_STYLES = cycler(linestyle=["-", "--"]) * cycler(color=[*matplotlib.colorma
 SMOOTH_POINTS = 32  # the per-position panel averages over about L / SMOOTH_POINTS positions
 # Per-head maps label their axes with the tokens up to this length; longer ones would be unreadable.
 MAX_LABELLED_TOKENS = 96
+MAKER_SPAN = 4096  # matplotlib names itself in the first (PNG, SVG) or last (PDF) bytes of its files
 
 
 # ----------------------------------------------------------------------------- length and passkey
+
+
+def is_figure(path: Path) -> bool:
+    """True when ``path`` is a figure matplotlib saved (its maker in the file's first or last bytes)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(MAKER_SPAN)
+            f.seek(max(0, f.seek(0, 2) - MAKER_SPAN))
+            tail = f.read()
+    except OSError:
+        return False
+    return b"matplotlib" in head.lower() or b"matplotlib" in tail.lower()
 
 
 def plot_length_curves(reports: Sequence[Mapping[str, Any]], labels: Sequence[str], path: str | Path) -> Path:

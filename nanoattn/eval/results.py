@@ -15,7 +15,8 @@ Design choices:
   cells are kept in the record but shown as the status, and no claim is decided on it.
 - ``render_page`` is a function of the record alone, so a page is regenerated from its JSON.
   ``write_page`` writes the JSON, the markdown and, if given, the figure beside them, under an
-  exclusive lock of the folder, so two writers of one folder never interleave.
+  exclusive lock of the folder, so two writers of one folder never interleave. They replace
+  only an earlier page of the same name (``check_page_output``), never another file.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ import torch
 from scipy import stats
 
 from nanoattn.eval.tables import format_table
-from nanoattn.runtime import cpu_flags, exclusive_lock, write_atomic
+from nanoattn.runtime import check_output, cpu_flags, exclusive_lock, json_object_with, write_atomic
 
 CONFIDENCE = 0.95
 # The flags that choose a CPU's kernels, and so its speed and its bf16 rounding.
@@ -221,13 +222,26 @@ def render_page(page: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def check_page_output(folder: str | Path, name: str, key: str = "out") -> Path:
+    """``<folder>/<name>.json``, checked (``check_output``): new, or an earlier page of that name,
+    and its markdown and figure beside it only then."""
+    file = Path(folder) / f"{name}.json"
+
+    def ours(path: Path) -> bool:
+        return json_object_with(path, ("page",)) and json.loads(path.read_text())["page"] == name
+
+    return check_output(file, key, what=f"a results page ({name})", ours=ours,
+                        beside=[file.with_suffix(".md"), file.with_suffix(".png")])
+
+
 def write_page(folder: str | Path, page: Mapping[str, Any], figure: Callable[[Path], Any] | None = None,
-               render: Callable[[Mapping[str, Any]], str] = render_page) -> Path:
+               render: Callable[[Mapping[str, Any]], str] = render_page, key: str = "out") -> Path:
     """Write ``<folder>/<page>.json``, its markdown (``render``) and ``figure(<page>.png)``; the
-    markdown's path."""
+    markdown's path. ``key`` names the folder's option in a refusal (``check_page_output``)."""
     folder = Path(folder)
     name = page["page"]
     with exclusive_lock(folder, f"the results folder {folder}", wait=True):
+        check_page_output(folder, name, key)
         if figure is not None:
             figure(folder / f"{name}.png")
             page = {**page, "figure": f"{name}.png"}

@@ -10,8 +10,10 @@ Design choices:
   the data's tokenizer must be the checkpoint's, whole, not only its size. A checkpoint without
   a tokenizer.json has nothing to compare and is trusted.
 - Report files are named after the run (``default_output``), so evaluations of one run under
-  different zero-shot scalings or at older checkpoints never overwrite each other, and are
-  written atomically: a reader never sees half a report.
+  different zero-shot scalings, at older checkpoints or with another seed (a command's
+  ``file_keys`` away from their defaults) never overwrite each other, and are written
+  atomically: a reader never sees half a report. A report replaces only an earlier report
+  (``nanoattn.runtime.check_output``), and says so when that one was made with other settings.
 - The keys the commands share are two base dataclasses, each field checked once in
   ``__post_init__`` and named after the command (``owner``): ``CheckpointEvalConfig`` (what to
   load), ``ReportConfig`` (a report file and its figure: eval_task) and ``AtLengthsConfig`` (a
@@ -22,6 +24,7 @@ Design choices:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -36,7 +39,15 @@ from nanoattn.checkpoint import LATEST, Checkpoint, load_checkpoint, resolve_che
 from nanoattn.config import DataConfig
 from nanoattn.data import TokenData, data_dir
 from nanoattn.eval.length import DEFAULT_MULTIPLES, check_lengths, check_multiples, lengths_from_multiples
-from nanoattn.runtime import DTYPES, check_device_name, pick_device, write_atomic
+from nanoattn.logging import note
+from nanoattn.runtime import (
+    DTYPES,
+    check_device_name,
+    check_output,
+    json_object_with,
+    pick_device,
+    write_atomic,
+)
 from nanoattn.validation import check_bool, check_choice, check_positive_int, fail
 
 
@@ -68,6 +79,7 @@ class ReportConfig(CheckpointEvalConfig):
     """An evaluation of a checkpoint, optionally under a zero-shot RoPE scaling, written as a report."""
 
     report_stem: ClassVar[str]  # set by each command's config: <run dir>/<report_stem>[...].json
+    file_keys: ClassVar[tuple[str, ...]] = ()  # keys named in the default file away from their default
 
     batch_size: int = 4  # windows (or samples) per forward pass
     dtype: str = "float32"  # auto | float32 | bfloat16 | float16: autocast, the weights stay float32
@@ -95,7 +107,9 @@ class ReportConfig(CheckpointEvalConfig):
         """``out``, or else the run's default report file (``default_output`` of ``report_stem``)."""
         if self.out is not None:
             return Path(self.out)
-        return default_output(self.ckpt, self.rope_scaling, self.report_stem)
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        tags = [f"{key}{getattr(self, key)}" for key in self.file_keys if getattr(self, key) != defaults[key]]
+        return default_output(self.ckpt, self.rope_scaling, self.report_stem, tags)
 
     def label(self) -> str:
         """The report's name in tables and figures (``report_label``)."""
@@ -104,11 +118,15 @@ class ReportConfig(CheckpointEvalConfig):
     def save(self, report: Mapping[str, Any], plot: Callable[[list, list, Path], Any]) -> Path:
         """Write ``report`` to ``output()`` and, with ``plot`` on, ``plot([report], [label], <out>.png)``.
 
-        Only files this command writes are replaced (``check_writable``): ``out=`` never
-        overwrites a run's config.yaml or any other file that is not an earlier report.
+        Only files this command writes are replaced (``check_report_output``): ``out=`` never
+        overwrites a run's config.yaml or any other file that is not an earlier report. Replacing
+        a report made with other settings says which.
         """
         out = self.output()
-        check_writable(out, self.plot, f"{self.owner}.out")
+        check_report_output(out, self.plot, f"{self.owner}.out")
+        changed = changed_settings(out, report)
+        if changed:
+            note(f"{self.owner}: replacing {out}, made with {changed}")
         write_report(out, report)
         if self.plot:
             plot([report], [self.label()], out.with_suffix(".png"))
@@ -183,11 +201,14 @@ def _number_text(value: Any) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def default_output(ckpt: str | Path, rope_scaling: Mapping[str, Any] | None, stem: str) -> Path:
-    """``<run dir>/<stem>.json``; ``_<scaling tag>`` with an override, ``_step<N>`` unless the latest."""
+def default_output(ckpt: str | Path, rope_scaling: Mapping[str, Any] | None, stem: str,
+                   tags: Sequence[str] = ()) -> Path:
+    """``<run dir>/<stem>.json``; ``_<scaling tag>`` with an override, then ``_<tag>`` for each of
+    ``tags`` (``seed1``), ``_step<N>`` unless the latest."""
     path = resolve_checkpoint(ckpt)
     if rope_scaling:
         stem += "_" + scaling_tag(rope_scaling)
+    stem += "".join(f"_{re.sub(r'[^A-Za-z0-9._-]', '', tag)}" for tag in tags)
     latest = path.parent / LATEST
     if latest.exists() and latest.read_text().strip() != path.name:
         stem += f"_step{json.loads((path / 'config.json').read_text()).get('step', path.name)}"
@@ -201,28 +222,29 @@ def report_label(file: Path, stem: str) -> str:
 
 
 REPORT_KEYS = ("checkpoint", "results")  # every report (length, passkey) has these
+MEASURED = ("results", "seconds", "per_position_loss", "per_position_length")  # not settings
 
 
 def is_report(path: Path) -> bool:
     """True when ``path`` holds an evaluation report (a JSON object with ``REPORT_KEYS``)."""
-    try:
-        found = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return False
-    return isinstance(found, dict) and all(key in found for key in REPORT_KEYS)
+    return json_object_with(path, REPORT_KEYS)
 
 
-def check_writable(out: Path, plot: bool, key: str) -> None:
-    """Refuse an output that is not ``.json``, or would replace a file that is not an earlier report
-    (its figure beside it counts as ours only when the report is)."""
-    if out.suffix != ".json":
-        raise ValueError(f"{key}={str(out)!r} is invalid: a report is a .json file (the figure goes beside)")
-    if out.exists() and not is_report(out):
-        raise ValueError(f"{key}={str(out)!r} exists and is not an evaluation report: never overwritten")
-    figure = out.with_suffix(".png")
-    if plot and figure.exists() and not out.exists():
-        raise ValueError(f"{key}={str(out)!r}: {figure} exists without its report, so it is not ours to "
-                         "overwrite; choose another out or plot=false")
+def check_report_output(out: Path, plot: bool, key: str) -> None:
+    """``check_output`` of a report: a ``.json`` file replacing only an earlier report (its figure
+    beside it counts as ours only when the report is)."""
+    check_output(out, key, what="an evaluation report", ours=is_report, suffix=".json",
+                 beside=[out.with_suffix(".png")] if plot else [])
+
+
+def changed_settings(out: Path, report: Mapping[str, Any]) -> str:
+    """The settings (every key but ``MEASURED``) of the earlier report at ``out`` that ``report``
+    changes, as ``seed=0 (now 1), ...``; empty when there is none or nothing changed."""
+    if not is_report(out):
+        return ""
+    old, new = json.loads(out.read_text()), json.loads(json.dumps(report))
+    return ", ".join(f"{k}={old[k]!r} (now {new[k]!r})" for k in new
+                     if k in old and k not in MEASURED and old[k] != new[k])
 
 
 def write_report(path: str | Path, report: Mapping[str, Any]) -> Path:

@@ -46,10 +46,8 @@ import torch
 import yaml
 
 from nanoattn.checkpoint import (
-    CheckpointError,
     load_trainer_state,
     load_weights,
-    read_checkpoint_config,
     remove_stale_temps,
     resolve_checkpoint,
     save_checkpoint,
@@ -64,12 +62,15 @@ from nanoattn.train import distributed
 from nanoattn.train.optim import lr_at, optimizer_for
 from nanoattn.train.run_dir import (
     RUN_TOKENIZER,
+    check_resumable,
+    check_run_tokenizer,
     check_same_run,
     locate_run,
     read_run_config,
     resolve_init_from,
     run_directory_for,
     snapshot_tokenizer,
+    undo_failed_start,
 )
 from nanoattn.train.signals import StopSignals
 from nanoattn.train.step import optimizer_step, wrap_for_training
@@ -117,6 +118,7 @@ class _Run:
         self.seq_len = cfg.seq_len
         amp_dtype, self.amp_reason = autocast_dtype(self.t.dtype, device)
         self.autocast = lambda: autocast(device, amp_dtype)
+        self.started = False  # this process wrote the run's config.yaml
 
     def say(self, text: str) -> None:
         if self.dist.is_main:
@@ -160,7 +162,12 @@ class _Run:
             if self.dist.is_main:
                 run_dir = run_directory_for(self.cfg.out_dir, self.t.resume)
                 stack.enter_context(exclusive_lock(run_dir, f"run directory {run_dir}"))
-            return self._run()
+            try:
+                return self._run()
+            except BaseException:
+                if self.started and undo_failed_start(run_dir):  # rank 0 only starts a run
+                    self.say(f"{run_dir}: the run failed before it trained; its files are removed")
+                raise
 
     def _run(self) -> Path:
         cfg, t, d = self.cfg, self.t, self.dist
@@ -182,14 +189,16 @@ class _Run:
                                  "learned ones only up to max_seq_len")
         state = load_trainer_state(ckpt) if ckpt is not None else None
         if state is not None:
-            self._check_resumable(state, ckpt)
+            check_resumable(state, ckpt, d.world_size, t.batch_size)
         if d.is_main:
             saved = dataclasses.replace(cfg, out_dir=str(run_dir)).to_dict()
             if (run_dir / "config.yaml").exists():
                 check_same_run(read_run_config(run_dir), saved, run_dir)
-            snapshot_tokenizer(run_dir, data, ckpt)
-            remove_stale_temps(run_dir / "checkpoints")
+            check_run_tokenizer(run_dir, data, ckpt)
+            self.started = True  # from here a failure before training takes the run's files back
             write_atomic(run_dir / "config.yaml", yaml.safe_dump(saved, sort_keys=False))
+            snapshot_tokenizer(run_dir, data)
+            remove_stale_temps(run_dir / "checkpoints")
             truncate_metrics(run_dir / "metrics.jsonl", state["step"] if state else 0)
         distributed.barrier(d)
 
@@ -233,23 +242,8 @@ class _Run:
         if step == t.max_steps:
             self._summary(step, start, last_val)
         else:
-            self.say(f"stopped at step {step}; continue with the same command and "
-                     f"out_dir={run_dir} train.resume=true")
+            self.say(f"stopped at step {step}; continue it with its overrides and train.resume={run_dir}")
         return run_dir
-
-    def _check_resumable(self, state: dict[str, Any], ckpt: Path) -> None:
-        missing = [k for k in ("step", "optimizer", "rng", "window", "world_size") if k not in state]
-        if missing:
-            raise CheckpointError(f"{ckpt / 'trainer_state.pt'} lacks {', '.join(missing)}: not a trainer "
-                                  "state this version can resume")
-        if int(state["step"]) != int(read_checkpoint_config(ckpt).get("step", -1)):
-            raise CheckpointError(f"{ckpt}: trainer_state.pt and config.json disagree on the step")
-        was = state["world_size"] * state["batch_size"]
-        now = self.dist.world_size * self.t.batch_size
-        if was != now:
-            raise ValueError(f"train.batch_size={self.t.batch_size} with {self.dist.world_size} process(es) "
-                             f"draws {now} sequences per micro-step; the run drew {was} "
-                             f"(batch_size={state['batch_size']} x {state['world_size']}): keep the product")
 
     def _seed_rngs(self, state: dict[str, Any] | None) -> None:
         """Each rank its own dropout stream; a resumed run continues the saved one exactly."""

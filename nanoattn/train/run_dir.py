@@ -1,17 +1,22 @@
 """The run directory: where a run lives, whether a resumption is the same run, its tokenizer.
 
-``run_directory_for`` names the directory a run will lock and write; under that lock,
-``locate_run`` decides which checkpoint it resumes, and ``check_same_run`` refuses to continue
-a run under a different config (only the keys in ``RESUME_MAY_CHANGE`` may differ).
+``run_directory_for`` names the directory a run will lock and write (``check_output``: never
+empty, a repository's root or inside a checkpoint); under that lock, ``locate_run`` decides
+which checkpoint it resumes, and ``check_same_run`` refuses to continue a run under a different
+config (only the keys in ``RESUME_MAY_CHANGE`` may differ). A new run starts only where none of
+its files (``RUN_FILES``) are, so it overwrites nothing it did not write; a start that fails
+before the run trained takes its files back (``undo_failed_start``), so the same out_dir can be
+retried.
 
 The tokenizer is part of the run: ``snapshot_tokenizer`` writes the one the run started with
 into ``<run>/tokenizer.json`` (and the data's fingerprint into ``<run>/data.json``), every
 checkpoint copies that snapshot, and a resumption whose data folder now holds another tokenizer
-is refused, so token ids never change meaning mid-run.
+is refused (``check_run_tokenizer``), so token ids never change meaning mid-run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import math
@@ -23,14 +28,17 @@ import yaml
 
 from nanoattn.checkpoint import (
     CHECKPOINTS,
+    LATEST,
+    CheckpointError,
     init_model_config,
     list_checkpoints,
+    read_checkpoint_config,
     resolve_checkpoint,
     run_directory,
 )
 from nanoattn.config import ModelConfig, RunConfig
 from nanoattn.data import TokenData, load_tokenizer
-from nanoattn.runtime import write_atomic
+from nanoattn.runtime import RUN_CONFIG, check_output, write_atomic
 from nanoattn.validation import declared_defaults
 
 # Keys that may differ between a run and its resumption: where and how long it runs, how it is
@@ -42,6 +50,8 @@ RESUME_MAY_CHANGE = ("out_dir", "train.max_steps", "train.resume", "train.eval_i
                      "model.attn_kernel", "logger.")
 RUN_TOKENIZER = "tokenizer.json"  # <run>/tokenizer.json: the tokenizer the run started with
 RUN_DATA = "data.json"  # <run>/data.json: the prepared data it started from (folder, fingerprint)
+RUN_METRICS = "metrics.jsonl"
+RUN_FILES = (RUN_CONFIG, RUN_TOKENIZER, RUN_DATA, RUN_METRICS, CHECKPOINTS)  # what a run writes in out_dir
 
 
 def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -80,10 +90,9 @@ def check_same_run(saved: dict[str, Any], current: dict[str, Any], where: Path) 
 
 def run_directory_for(out_dir: str | Path, resume: bool | str) -> Path:
     """The directory a run writes: ``out_dir``, or the run of the checkpoint ``train.resume`` names."""
-    run_dir = Path(out_dir) if isinstance(resume, bool) else run_directory(resolve_checkpoint(resume))
-    if run_dir.exists() and not run_dir.is_dir():
-        raise ValueError(f"out_dir {str(run_dir)!r} is a file; a run needs a directory")
-    return run_dir
+    if isinstance(resume, bool):
+        return check_output(out_dir, "out_dir", what="a run", folder=True)
+    return check_output(run_directory(resolve_checkpoint(resume)), "train.resume", what="a run", folder=True)
 
 
 def locate_run(out_dir: str | Path, resume: bool | str) -> tuple[Path, Path | None]:
@@ -93,6 +102,10 @@ def locate_run(out_dir: str | Path, resume: bool | str) -> tuple[Path, Path | No
         if (out_dir / "config.yaml").exists():
             raise ValueError(f"out_dir {str(out_dir)!r} already holds a run: continue it with "
                              "train.resume=true, or choose another out_dir")
+        found = [name for name in RUN_FILES if (out_dir / name).exists()]
+        if found:
+            raise ValueError(f"out_dir {str(out_dir)!r} holds {found[0]} but no run (no config.yaml): "
+                             "a run never overwrites files it did not write; choose another out_dir")
         return out_dir, None
     if resume is True:
         if not (out_dir / "config.yaml").exists():
@@ -139,14 +152,48 @@ def resolve_init_from(cfg: RunConfig | Mapping[str, Any]) -> RunConfig:
     return RunConfig.from_dict(values)
 
 
-def snapshot_tokenizer(run_dir: Path, data: TokenData, resumed: Path | None) -> None:
-    """Check the run's tokenizer against ``data`` (resuming), or snapshot it (starting)."""
+def check_run_tokenizer(run_dir: Path, data: TokenData, resumed: Path | None) -> None:
+    """Resuming: refuse ``data`` whose tokenizer is not the run's (its snapshot, else ``resumed``'s)."""
     snapshot = run_dir / RUN_TOKENIZER
     # A run from before snapshots existed: its checkpoint's tokenizer is the reference.
     reference = snapshot if snapshot.exists() else None if resumed is None else resumed / RUN_TOKENIZER
     if reference is not None and reference.exists():
         data.check_tokenizer(load_tokenizer(reference), reference)
-    if not snapshot.exists():
-        write_atomic(snapshot, data.tokenizer.to_str())
+
+
+def snapshot_tokenizer(run_dir: Path, data: TokenData) -> None:
+    """Starting: write the run's tokenizer (and its data's fingerprint) unless it has one already."""
+    if not (run_dir / RUN_TOKENIZER).exists():
+        write_atomic(run_dir / RUN_TOKENIZER, data.tokenizer.to_str())
         write_atomic(run_dir / RUN_DATA, json.dumps({"data_dir": str(data.data_dir),
                                                      "fingerprint": data.meta.get("fingerprint")}) + "\n")
+
+
+def check_resumable(state: dict[str, Any], ckpt: Path, world_size: int, batch_size: int) -> None:
+    """Refuse a trainer state this version cannot resume, or another number of rows per micro-step."""
+    missing = [k for k in ("step", "optimizer", "rng", "window", "world_size") if k not in state]
+    if missing:
+        raise CheckpointError(f"{ckpt / 'trainer_state.pt'} lacks {', '.join(missing)}: not a trainer "
+                              "state this version can resume")
+    if int(state["step"]) != int(read_checkpoint_config(ckpt).get("step", -1)):
+        raise CheckpointError(f"{ckpt}: trainer_state.pt and config.json disagree on the step")
+    was, now = state["world_size"] * state["batch_size"], world_size * batch_size
+    if was != now:
+        raise ValueError(f"train.batch_size={batch_size} with {world_size} process(es) draws {now} sequences "
+                         f"per micro-step; the run drew {was} (batch_size={state['batch_size']} x "
+                         f"{state['world_size']}): keep the product")
+
+
+def undo_failed_start(run_dir: Path) -> bool:
+    """After a failure, take back the files of a run that never trained (no checkpoint, no metrics
+    record), so that the same out_dir takes a new start; True if it did. A run that trained keeps
+    everything: its records say how far it went."""
+    metrics = run_dir / RUN_METRICS
+    if (run_dir / CHECKPOINTS / LATEST).exists() or list_checkpoints(run_dir / CHECKPOINTS) or (
+            metrics.exists() and metrics.stat().st_size > 0):
+        return False
+    for name in (RUN_CONFIG, RUN_TOKENIZER, RUN_DATA, RUN_METRICS):
+        (run_dir / name).unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        (run_dir / CHECKPOINTS).rmdir()  # empty: a save that failed removed its partial copy
+    return True

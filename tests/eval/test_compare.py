@@ -80,6 +80,30 @@ def test_compare_writes_the_figure_and_the_table(two_runs, tmp_path, capsys):
         compare_length(CompareLengthConfig(paths=[str(tmp_path)], out=str(tmp_path / "x.png")))
 
 
+
+def test_compare_replaces_only_its_own_figure_and_table(two_runs, tmp_path, capsys):
+    """table= and out= never overwrite a run's metrics.jsonl, or any file that is not an earlier table
+    or figure; a second comparison replaces the first's."""
+    metrics = two_runs[0].parent / "metrics.jsonl"
+    metrics.write_text('{"step": 1, "train_loss": 2.0}\n')
+    (tmp_path / "photo.png").write_bytes(b"\x89PNG someone's photo")
+    paths = [str(p) for p in two_runs]
+    for key, value, what in (("table", str(metrics), "a length table"), ("out", str(metrics), "a figure"),
+                             ("out", str(tmp_path / "photo.png"), "a figure")):
+        fields = {"out": str(tmp_path / "cmp.png"), key: value}
+        with pytest.raises(ValueError, match=re.escape(f"compare_length.{key}: {value} exists and is not "
+                                                       f"{what}: never overwritten; choose another {key}")):
+            compare_length(CompareLengthConfig(paths=paths, **fields))
+    assert metrics.read_text() == '{"step": 1, "train_loss": 2.0}\n'
+    assert (tmp_path / "photo.png").read_bytes() == b"\x89PNG someone's photo"
+    assert not (tmp_path / "cmp.png").exists()  # refused before drawing anything
+    figure, table = str(tmp_path / "cmp.png"), str(tmp_path / "t.md")
+    with pytest.raises(ValueError, match=r"^compare_length.table='.*cmp.png' is invalid: must be another"):
+        CompareLengthConfig(paths=paths, out=figure, table=figure)
+    for _ in range(2):  # the second replaces the first's figure and table
+        compare_length(CompareLengthConfig(paths=paths, out=figure, table=table))
+    assert (tmp_path / "t.md").read_text().startswith("| run |")
+
 def test_format_table_aligns_columns_and_refuses_a_bad_alignment():
     table = format_table(["a", "b", "c"], [["x", "1", ""]], align="lrl")
     assert table == "| a | b | c |\n|---|---:|---|\n| x | 1 |  |\n"

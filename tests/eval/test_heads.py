@@ -403,6 +403,32 @@ def test_analyze_heads_writes_the_report_and_plots(run_dir, tmp_path, capsys):
     assert any(line.startswith("| layer | head | kind") for line in lines)
 
 
+
+def test_the_analysis_goes_beside_the_checkpoints_and_replaces_only_an_earlier_analysis(run_dir, tmp_path):
+    """Never inside a checkpoint (pruning deletes it when training continues), never over another file."""
+    small = dict(seq_len=16, batch_size=2, n_batches=1, prune_steps=2, map_len=8)
+    analyze_heads(HeadAnalysisConfig(ckpt=str(run_dir), **small))
+    assert json.loads((run_dir / "heads" / "10" / "heads.json").read_text())["step"] == 10
+    assert sorted(p.name for p in (run_dir / "checkpoints" / "10").iterdir()) == [
+        "config.json", "model.safetensors", "tokenizer.json"]  # nothing of the analysis inside
+    analyze_heads(HeadAnalysisConfig(ckpt=str(run_dir), **small))  # an earlier analysis is ours to replace
+    checkpoint = run_dir / "checkpoints" / "10"
+    inside = checkpoint / "heads"
+    refusal = f"analyze_heads.out_dir='{inside}' is invalid: it is inside {checkpoint}, which holds"
+    with pytest.raises(ValueError, match=re.escape(refusal)):
+        analyze_heads(HeadAnalysisConfig(ckpt=str(run_dir), out_dir=str(inside), **small))
+    notes, figures = tmp_path / "notes", tmp_path / "figures"
+    for folder in (notes, figures):
+        folder.mkdir()
+        (folder / "pruning.png").write_bytes(b"mine")
+    (notes / "heads.json").write_text('{"mine": 1}')
+    for folder, message in ((notes, f"{notes / 'heads.json'} exists and is not a head analysis"),
+                            (figures, f"{figures / 'pruning.png'} exists without a head analysis")):
+        with pytest.raises(ValueError, match=re.escape(f"analyze_heads.out_dir: {message}")):
+            analyze_heads(HeadAnalysisConfig(ckpt=str(run_dir), out_dir=str(folder), **small))
+        assert (folder / "pruning.png").read_bytes() == b"mine"
+    assert (notes / "heads.json").read_text() == '{"mine": 1}'
+
 def test_config_composes_and_the_script_reports_mistakes_in_one_line(run_dir, eval_schemas):
     GlobalHydra.instance().clear()
     try:

@@ -362,7 +362,7 @@ def test_out_never_overwrites_a_file_that_is_not_a_report(prepared, tmp_path):
     assert (run / "config.yaml").read_text() == config
     assert (run / "notes.json").read_text() == '{"mine": true}\n'
     (run / "figure.png").write_bytes(b"someone's figure")
-    with pytest.raises(ValueError, match=r"figure\.png exists without its report"):
+    with pytest.raises(ValueError, match=r"figure\.png exists without an evaluation report beside it"):
         run_length_eval(LengthEvalConfig(ckpt=str(run), lengths=[32], max_tokens=64,
                                          out=str(run / "figure.json")))
     again = LengthEvalConfig(ckpt=str(run), lengths=[32], max_tokens=64, plot=False)

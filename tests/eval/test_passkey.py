@@ -20,6 +20,7 @@ from torch import nn
 from nanoattn import GPT, ModelConfig, load_checkpoint
 from nanoattn.checkpoint import save_checkpoint
 from nanoattn.commands.eval_passkey import PasskeyEvalConfig, run_passkey_eval
+from nanoattn.commands.eval_task import TaskEvalConfig
 from nanoattn.config import DataConfig
 from nanoattn.data import TokenData, ensure_prepared, load_tokenizer
 from nanoattn.eval import PasskeyMix, evaluate_passkey, passkey_summary_table, passkey_table
@@ -177,6 +178,28 @@ def test_the_report_and_the_script(prepared, tmp_path):
     assert (run / "passkey_linear2.json").exists() and "| depth | 96 |" in done.stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == ["rope_run"]
 
+
+
+def test_another_seed_writes_beside_the_earlier_report_and_other_settings_say_what_they_replace(
+        prepared, tmp_path, capsys):
+    data = TokenData(prepared)
+    model = GPT(ModelConfig(vocab_size=data.vocab_size, d_model=32, n_layer=2, n_head=4, d_ff=64,
+                            max_seq_len=96, pos="rope"))
+    run = tmp_path / "run"
+    save_checkpoint(run / "checkpoints", "5", model, train_seq_len=96, step=5,
+                    tokenizer_file=prepared / "tokenizer.json")
+    fields = dict(ckpt=str(run), lengths=[96], depths=[0.5], samples=1, data_dir=str(prepared), plot=False)
+    first = run_passkey_eval(PasskeyEvalConfig(**fields))
+    seeded = run_passkey_eval(PasskeyEvalConfig(**fields, seed=3))
+    assert json.loads((run / "passkey.json").read_text()) == first  # kept
+    assert json.loads((run / "passkey_seed3.json").read_text()) == seeded and seeded["seed"] == 3
+    assert capsys.readouterr().err == ""  # nothing replaced
+    assert TaskEvalConfig(ckpt=str(run), seed=3).output() == run / "task_eval_seed3.json"  # eval_task alike
+    out = str(tmp_path / "mine.json")
+    run_passkey_eval(PasskeyEvalConfig(**fields, out=out))
+    run_passkey_eval(PasskeyEvalConfig(**{**fields, "samples": 2}, seed=1, out=out))
+    assert capsys.readouterr().err.splitlines() == [
+        f"eval_passkey: replacing {out}, made with samples=1 (now 2), seed=0 (now 1)"]
 
 def test_filler_from_data_of_another_tokenizer_is_refused(prepared, tmp_path):
     """Its ids would mean other tokens: the key and the filler would be garbage, silently."""

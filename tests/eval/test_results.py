@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 
@@ -72,3 +73,21 @@ def test_the_page_is_rendered_from_its_json_alone(tmp_path):
     assert f"| a |  | 2 ± {half:.3g} |" in text  # mean ± the interval's half-width
     assert "| b | unfinished: seed 2 at step 5 of 10 | — |" in text  # a status replaces the numbers
     assert not list(tmp_path.glob(".lock*"))
+
+
+def test_a_page_replaces_only_an_earlier_page_of_its_name(tmp_path):
+    rec = page([1.0, 2.0, 3.0], [1.5, 2.5, 3.5])
+    write_page(tmp_path, rec)
+    write_page(tmp_path, rec, figure=lambda path: path.write_bytes(b"png"))  # its own: replaced
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "demo.json").write_text('{"page": "bench"}')  # another page's name: not ours
+    (other / "demo.md").write_text("notes")
+    for folder, file, message in ((other, other / "demo.json", "exists and is not a results page (demo)"),
+                                  (tmp_path / "new", tmp_path / "new" / "demo.md",
+                                   "exists without a results page (demo) beside it")):
+        folder.mkdir(exist_ok=True)
+        (folder / "demo.md").write_text("notes")
+        with pytest.raises(ValueError, match=re.escape(f"lab.out: {file} {message}")):
+            write_page(folder, rec, key="lab.out")
+        assert (folder / "demo.md").read_text() == "notes"

@@ -13,6 +13,7 @@ import time
 import pytest
 import yaml
 
+import nanoattn.train.step as step
 from nanoattn.config.options import encoding_options
 from nanoattn.logging import read_metrics
 from nanoattn.train import train
@@ -187,3 +188,43 @@ def test_a_multirun_sweep_lands_in_separate_run_directories(tmp_path, tiny_confi
         saved = yaml.safe_load((tmp_path / "sweep" / job / "config.yaml").read_text())
         assert saved["model"]["pos"] == pos and saved["out_dir"] == str(tmp_path / "sweep" / job)
         assert (tmp_path / "sweep" / job / "checkpoints" / "latest").exists()
+
+
+def test_a_sweep_runs_every_job_reports_the_failed_ones_at_its_end_and_fails(
+        tmp_path, tiny_config, as_overrides, monkeypatch, capsys):
+    args = [a for a in as_overrides(tiny_config(tmp_path / "sweep", max_steps=2, eval_interval=0))
+            if not a.startswith("model.n_kv_head")]
+    code, _, err = _main(monkeypatch, capsys, "-m", *args, "model.n_kv_head=1,3,2")  # 3 does not divide 2
+    assert code == "error: 1 of 3 jobs of the sweep failed (listed above)"
+    failed = ("job 1 (model.n_kv_head=3): model.n_kv_head=3 is invalid: must divide n_head=2 (MHA: "
+              "n_kv_head=n_head, MQA: 1)")
+    assert err.count(failed) == 2 and err.strip().splitlines()[-1] == f"  {failed}"  # when, and at the end
+    for job in ("0", "2"):  # the jobs after the failed one ran too
+        assert (tmp_path / "sweep" / job / "checkpoints" / "latest").exists()
+    assert not (tmp_path / "sweep" / "1").exists()
+
+
+def test_the_advice_after_a_stop_resumes_an_experiments_run_in_its_own_directory(
+        tmp_path, tiny_config, as_overrides, monkeypatch, capsys):
+    """experiment=extrapolation puts the run in <out_dir>/<pos>: the advice names that directory."""
+    args = ["experiment=extrapolation", "pos=alibi",
+            *as_overrides(tiny_config(tmp_path / "lab", max_steps=6, eval_interval=0, ckpt_interval=0))[1:]]
+    original, calls = step.LossModule.forward, {"n": 0}
+
+    def sigterm_at_the_third_update(self, x, y):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return original(self, x, y)
+
+    monkeypatch.setattr(step.LossModule, "forward", sigterm_at_the_third_update)
+    code, _, err = _main(monkeypatch, capsys, *args)
+    run_dir = tmp_path / "lab" / "alibi"
+    advice = f"stopped at step 3; continue it with its overrides and train.resume={run_dir}"
+    assert code in (0, None) and advice in err.splitlines(), err
+    monkeypatch.setattr(step.LossModule, "forward", original)
+    code, _, err = _main(monkeypatch, capsys, *args, f"train.resume={run_dir}")
+    assert code in (0, None), err
+    assert (run_dir / "checkpoints" / "latest").read_text() == "000006\n"
+    assert [r["step"] for r in read_metrics(run_dir / "metrics.jsonl")] == [1, 2, 3, 4, 5, 6]
+    assert sorted(p.name for p in (tmp_path / "lab").iterdir()) == ["alibi"]  # no lab/alibi/alibi

@@ -8,10 +8,14 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
+import torch
+import yaml
 
 import nanoattn.checkpoint as checkpoint_module
+import nanoattn.train.step as step_module
 from nanoattn.config import DataConfig
 from nanoattn.data import prepare_data
 from nanoattn.logging import read_metrics
@@ -19,6 +23,7 @@ from nanoattn.runtime import LockedError, exclusive_lock
 from nanoattn.train import train
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "train.py")
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_a_second_process_on_a_running_run_is_refused_and_the_first_keeps_its_records(
@@ -134,3 +139,63 @@ def test_a_full_disk_while_checkpointing_keeps_the_previous_checkpoint_and_says_
     ckpts = run_dir / "checkpoints"
     assert sorted(p.name for p in ckpts.iterdir()) == ["000004", "latest"]  # no partial copy left
     assert (ckpts / "latest").read_text() == "000004\n"
+
+
+def _fail_at_update(monkeypatch, update: int) -> None:
+    """Make training update ``update`` (1-based) fail as a GPU running out of memory does."""
+    original, calls = step_module.LossModule.forward, {"n": 0}
+
+    def forward(self, x, y):
+        calls["n"] += 1
+        if calls["n"] >= update:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return original(self, x, y)
+
+    monkeypatch.setattr(step_module.LossModule, "forward", forward)
+
+
+def test_a_start_that_fails_before_training_leaves_nothing_and_the_same_out_dir_starts_again(
+        tmp_path, tiny_config, monkeypatch):
+    run_dir = tmp_path / "run"
+    _fail_at_update(monkeypatch, 1)  # the first step: out of memory
+    with pytest.raises(torch.OutOfMemoryError):
+        train(tiny_config(run_dir, batch_size=64))
+    assert list(run_dir.iterdir()) == []  # no config.yaml to block a retry, nothing else left
+    monkeypatch.undo()
+    train(tiny_config(run_dir, model={"d_model": 16}, max_steps=2))  # retried, with another model
+    assert yaml.safe_load((run_dir / "config.yaml").read_text())["model"]["d_model"] == 16
+    # A run that failed after it trained keeps every file: its records say how far it went.
+    kept = tmp_path / "kept"
+    _fail_at_update(monkeypatch, 3)
+    with pytest.raises(torch.OutOfMemoryError):
+        train(tiny_config(kept))
+    assert [r["step"] for r in read_metrics(kept / "metrics.jsonl")] == [1, 2]
+    assert {"config.yaml", "tokenizer.json", "data.json"} <= {p.name for p in kept.iterdir()}
+
+
+def test_a_new_run_never_overwrites_files_it_did_not_write(tmp_path, tiny_config):
+    folder = tmp_path / "notes"
+    folder.mkdir()
+    (folder / "metrics.jsonl").write_text("someone's records\n")
+    with pytest.raises(ValueError, match=rf"^out_dir '{folder}' holds metrics.jsonl but no run \(no "
+                                         r"config.yaml\): a run never overwrites files it did not write"):
+        train(tiny_config(folder))
+    assert sorted(p.name for p in folder.iterdir()) == ["metrics.jsonl"]
+    assert (folder / "metrics.jsonl").read_text() == "someone's records\n"
+
+
+def test_an_out_dir_that_is_the_repository_empty_or_inside_a_checkpoint_is_refused(tmp_path, tiny_config):
+    before = sorted(p.name for p in REPO.iterdir())
+    with pytest.raises(ValueError, match=rf"^out_dir='{REPO}' is invalid: it is the root of the repository"):
+        train(tiny_config(REPO))
+    assert sorted(p.name for p in REPO.iterdir()) == before
+    with pytest.raises(ValueError, match=r"^run.out_dir='' is invalid: must be a non-empty string"):
+        train(tiny_config(""))
+    run_dir = train(tiny_config(tmp_path / "run", max_steps=4))
+    for holder in (run_dir / "checkpoints" / "000004", run_dir / "checkpoints"):  # pruning deletes both
+        inside = holder / "again"
+        with pytest.raises(ValueError, match=rf"^out_dir='{inside}' is invalid: it is inside {holder}, which "
+                                             r"holds checkpoints or a model's files, never other outputs "
+                                             r"\(pruning deletes checkpoints\); write beside it$"):
+            train(tiny_config(inside))
+        assert not inside.exists()

@@ -35,7 +35,7 @@ import yaml
 
 from nanoattn.checkpoint import CheckpointError, read_checkpoint_config
 from nanoattn.commands.eval_length import LengthEvalConfig
-from nanoattn.eval.results import Claim, git_state, record, render_page, write_page
+from nanoattn.eval.results import Claim, check_page_output, git_state, record, render_page, write_page
 from nanoattn.eval.runs import is_path
 from nanoattn.logging import read_metrics
 from nanoattn.runtime import DTYPES, check_device_name
@@ -201,6 +201,7 @@ def run_lab(lab: Lab, cfg: LabRunsConfig, trainer: Sequence[str]) -> dict[str, A
     origin = git_state()  # the code that trains and evaluates: the checkout as the lab starts
     runs_root = Path(cfg.runs_root or f"runs/{lab.name}")
     out = Path(cfg.out) if cfg.out is not None else runs_root
+    check_page_output(out, lab.name, f"{cfg.owner}.out")  # before hours of training, not after
     rows = lab.rows(cfg)
     if cfg.train:
         jobs = {run_dir(runs_root, row.run, seed): [*row.train, f"train.seed={seed}",
@@ -239,7 +240,7 @@ def run_lab(lab: Lab, cfg: LabRunsConfig, trainer: Sequence[str]) -> dict[str, A
     page = record(lab.name, lab.title, lab.about, cfg.seeds, values, claims=lab.claims, status=status,
                   wall_seconds=time.perf_counter() - began, **origin)
     path = write_page(out, page, figure=(lambda p: lab.plot(figure_reports, figure_labels, p))
-                      if figure_reports else None)
+                      if figure_reports else None, key=f"{cfg.owner}.out")
     print(render_page(page), end="")
     print(f"lab done in {time.perf_counter() - began:.0f} s; wrote {path} and its JSON")
     return page
