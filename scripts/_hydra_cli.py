@@ -16,6 +16,8 @@
   Required keys are null in the schema and refused by the dataclass (``???`` would not help:
   OmegaConf's merge keeps the schema's value under it). It also sets the process's malloc
   policy first (``nanoattn.runtime.keep_freed_memory``: 1.18x the CPU trainer's tokens/s).
+- ``check_choices``: a training command's ``recipe=`` given with an ``experiment=`` is applied whole
+  or refused in one line before the run starts, never silently overridden by the experiment's keys.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from omegaconf.errors import (
 )
 
 from nanoattn.config import PRESETS
-from nanoattn.config.options import ATTENTION_VARIANTS, RECIPES, encoding_options
+from nanoattn.config.options import ATTENTION_VARIANTS, RECIPES, check_recipe_choice, encoding_options
 from nanoattn.runtime import keep_freed_memory
 from nanoattn.tasks import TASKS
 from nanoattn.validation import declared_defaults, from_dict
@@ -162,6 +164,19 @@ def command(name: str, schema: type, run: Callable[[Any], Any]) -> Callable[[], 
     return lambda: guarded(main)
 
 
+def check_choices(hydra_cfg: DictConfig) -> None:
+    """A recipe chosen on the command line (a sweep's value included) with an experiment: applied
+    whole or refused (``nanoattn.config.options.check_recipe_choice``), against the keys the
+    experiment's own file sets."""
+    choices = hydra_cfg.runtime.choices
+    recipe, experiment = choices.get("recipe"), choices.get("experiment")
+    given = {override.split("=", 1)[0].lstrip("+~") for override in hydra_cfg.overrides.task}
+    if recipe is None or experiment is None or "recipe" not in given:
+        return
+    node = OmegaConf.load(Path(CONFIG_PATH) / "experiment" / f"{experiment}.yaml")
+    check_recipe_choice(recipe, experiment, OmegaConf.to_container(node), given)
+
+
 # The training command a lab runs once per run: the library never reaches into scripts/.
 TRAINER = (sys.executable, str(Path(__file__).resolve().with_name("train.py")))
 
@@ -187,6 +202,7 @@ def training_command(name: str, schema: dict[str, Any], run: Callable[[dict[str,
         hydra_dir = Path(HydraConfig.get().runtime.output_dir)
         try:
             with one_line_errors(errors):
+                check_choices(HydraConfig.get())
                 run({**to_values(cfg), "out_dir": str(hydra_dir)})
         finally:
             # Hydra creates its output directory before we run; drop it if it stayed empty (a failed
