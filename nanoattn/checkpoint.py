@@ -37,12 +37,13 @@ from pickle import UnpicklingError  # only the error torch.load(weights_only=Tru
 from typing import Any, NamedTuple
 
 import torch
+import yaml
 from safetensors import SafetensorError
 from safetensors.torch import load_file, safe_open, save_file
 from tokenizers import Tokenizer
 
 from nanoattn.config import ModelConfig
-from nanoattn.model import GPT
+from nanoattn.model import GPT, meta_model
 from nanoattn.positional import encodings_with
 from nanoattn.runtime import CHECKPOINTS, temporary_sibling, write_atomic
 from nanoattn.validation import is_int
@@ -217,6 +218,28 @@ def read_checkpoint_config(path: str | Path) -> dict[str, Any]:
     return meta
 
 
+RUN_CONFIG = "config.yaml"  # <run dir>/config.yaml: the run's resolved RunConfig
+
+
+def read_run_config(run_dir: str | Path, section: str | None = None) -> dict[str, Any]:
+    """A run directory's ``config.yaml`` as a mapping, or one ``section`` of it ({} when absent);
+    a file that is not YAML, not a mapping, or a section that is not one is refused naming the file."""
+    file = Path(run_dir) / RUN_CONFIG
+    try:
+        saved = yaml.safe_load(file.read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        reason = getattr(e, "strerror", None) or str(e).splitlines()[0]
+        raise ValueError(f"{file} is unreadable: {reason}") from None
+    if not isinstance(saved, dict):
+        raise ValueError(f"{file} is not a run config (a YAML mapping of sections)")
+    if section is None:
+        return saved
+    found = saved.get(section)
+    if found is not None and not isinstance(found, dict):
+        raise ValueError(f"{file}: {section}={found!r} is invalid: must be a mapping of its keys")
+    return found or {}
+
+
 def trained_length(meta: Mapping[str, Any]) -> int:
     """The length a checkpoint (its config.json as a dict) was trained at."""
     return int(meta.get("train_seq_len", (meta.get("model") or {}).get("max_seq_len", 0)))
@@ -286,8 +309,11 @@ def load_checkpoint(
                              f"pos={cfg.pos!r}")
         model_fields["rope_scaling"] = with_original_length(rope_scaling, meta)
         cfg = ModelConfig.from_dict(model_fields)
-    with torch.device("meta"):  # shapes without memory: a vocab_size of 1e9 costs nothing here
-        check_weights_file(path / "model.safetensors", GPT(cfg))
+    try:  # shapes without memory, once the weights are known to fit: config.json is not trusted
+        shapes = meta_model(cfg, device)
+    except ValueError as e:
+        raise CheckpointError(f"{path / 'config.json'}: {e}") from None
+    check_weights_file(path / "model.safetensors", shapes)
     with torch.device(device):
         model = GPT(cfg)
     load_weights(path, model)

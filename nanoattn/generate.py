@@ -41,7 +41,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from nanoattn.model import GPT, KVCache, StreamingCache
+from nanoattn.model import GPT, KVCache, StreamingCache, check_streamable
 from nanoattn.runtime import check_fits
 from nanoattn.validation import check_non_negative_int, fail, is_int
 
@@ -191,9 +191,7 @@ class Decoding:
             if sliding_window or not use_cache:
                 fail(OWNER, "streaming", streaming, "is a KV cache: it needs use_cache=True and "
                      "sliding_window=False")
-            if model.pos.acts_on_embeddings:
-                fail(OWNER, "streaming", streaming, f"needs positions inside attention, which the cache can "
-                     f"move; pos={cfg.pos!r} adds them to the embeddings, where cached values keep them")
+            check_streamable(cfg, OWNER, "streaming", streaming)
         B, T = idx.shape
         self.end = T + max_new_tokens
         self.window = cfg.max_seq_len if sliding_window else None
@@ -208,7 +206,8 @@ class Decoding:
                                  f"{e}; sliding_window=True re-encodes the last {cfg.max_seq_len} tokens "
                                  f"at each step instead") from None
         check_fits(B * self.end * idx.element_size(), idx.device,
-                   f"the token buffer for {B} sequence(s) x {self.end} tokens")
+                   f"the token buffer for {B} sequence(s) x {self.end} tokens",
+                   advice="ask for fewer samples or new tokens")
         self.model, self.device = model, idx.device
         self.temperature, self.repetition_penalty, self.generator = temperature, repetition_penalty, generator
         self.filters = [(LOGIT_FILTERS[name].apply, value) for name, value in values.items()

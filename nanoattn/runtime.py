@@ -31,6 +31,7 @@ import os
 import platform
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -124,12 +125,35 @@ def memory_bytes(device: torch.device) -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def check_fits(nbytes: int, device: torch.device, what: str) -> None:
-    """Refuse, before allocating, a buffer larger than the device's memory (one line naming ``what``)."""
+def check_fits(nbytes: int, device: torch.device, what: str, *, key: tuple[str, str, Any] | None = None,
+               advice: str | None = None, at_least: bool = False) -> None:
+    """Refuse, before allocating, ``what`` when its ``nbytes`` exceed the device's memory.
+
+    The one size check of every entry point. The error is one line: with ``key`` (owner, name,
+    value) it names the option that asked for the size (``owner.name=value is invalid: ...``),
+    and ``advice`` is appended when given. ``at_least``: ``nbytes`` is a lower bound.
+    """
     have = memory_bytes(device)
-    if nbytes > have:
-        raise ValueError(f"{what} needs {nbytes / 2**30:,.1f} GiB, more than the {have / 2**30:,.1f} GiB "
-                         f"of {device}; ask for fewer samples or new tokens")
+    if nbytes <= have:
+        return
+    needs = f"needs {'at least ' if at_least else ''}{_gib(nbytes)} GiB"
+    reason = (f"{what} {needs}, more than the {_gib(have)} GiB of {device}"
+              + (f"; {advice}" if advice else ""))
+    if key is not None:
+        fail(*key, reason)
+    raise ValueError(reason)
+
+
+def affordable(unit_bytes: int, device: torch.device) -> int:
+    """How many items of ``unit_bytes`` each the device's memory holds: a bound to read up to before
+    anything is allocated (a prompt file's bytes, say)."""
+    return memory_bytes(device) // unit_bytes
+
+
+def _gib(nbytes: int) -> str:
+    """Bytes as GiB with thousands separators; a size past float's range (a length from a huge
+    multiple) reads inf rather than overflowing."""
+    return f"{nbytes / 2**30 if nbytes < 2**1000 else float('inf'):,.1f}"
 
 
 def synchronize(device: torch.device) -> None:

@@ -36,6 +36,16 @@ def check_non_negative_int(owner: str, name: str, value: Any) -> None:
         fail(owner, name, value, "must be a non-negative integer")
 
 
+# torch.manual_seed takes seeds below 2**64; training adds the rank and a multiple of the step, so a
+# seed stays below 2**63 and every derived seed fits.
+MAX_SEED = 2**63 - 1
+
+
+def check_seed(owner: str, name: str, value: Any) -> None:
+    if not is_int(value) or not 0 <= value <= MAX_SEED:
+        fail(owner, name, value, "must be an integer from 0 to 2**63 - 1")
+
+
 def check_bool(owner: str, name: str, value: Any) -> None:
     if not isinstance(value, bool):
         fail(owner, name, value, "must be true or false")
@@ -58,6 +68,12 @@ def check_number(owner: str, name: str, value: Any, allowed: str = "must be a po
     x = as_float(value)
     if not (math.isfinite(x) and within(x)):
         fail(owner, name, value, allowed)
+
+
+def largest_departure(values: Mapping[str, tuple[float, float]]) -> str:
+    """Of ``values`` ({name: (value, its default)}), the name furthest above its default by ratio: the
+    one to name when their product (a size) is too large."""
+    return max(values, key=lambda name: values[name][0] / max(values[name][1], 1))
 
 
 def from_dict(cls, values: Mapping[str, Any] | None, owner: str | None = None):

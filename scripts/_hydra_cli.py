@@ -23,6 +23,8 @@
   chosen, else the model preset's own (never ``None``).
 - A sweep (``-m``) runs every job: a job's failure is printed when it happens and again, with
   every other, when the sweep ends, and the script then exits with status 1.
+- ``check_choices``: a training command's ``recipe=`` given with an ``experiment=`` is applied whole
+  or refused in one line before the run starts, never silently overridden by the experiment's keys.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ from omegaconf.errors import (
 )
 
 from nanoattn.config import PRESETS
-from nanoattn.config.options import ATTENTION_VARIANTS, RECIPES, encoding_options
+from nanoattn.config.options import ATTENTION_VARIANTS, RECIPES, check_recipe_choice, encoding_options
 from nanoattn.runtime import check_output, keep_freed_memory
 from nanoattn.tasks import TASKS
 from nanoattn.validation import declared_defaults, from_dict
@@ -213,6 +215,19 @@ def command(name: str, schema: type, run: Callable[[Any], Any]) -> Callable[[], 
     return lambda: guarded(main)
 
 
+def check_choices(hydra_cfg: DictConfig) -> None:
+    """A recipe chosen on the command line (a sweep's value included) with an experiment: applied
+    whole or refused (``nanoattn.config.options.check_recipe_choice``), against the keys the
+    experiment's own file sets."""
+    choices = hydra_cfg.runtime.choices
+    recipe, experiment = choices.get("recipe"), choices.get("experiment")
+    given = {override.split("=", 1)[0].lstrip("+~") for override in hydra_cfg.overrides.task}
+    if recipe is None or experiment is None or "recipe" not in given:
+        return
+    node = OmegaConf.load(Path(CONFIG_PATH) / "experiment" / f"{experiment}.yaml")
+    check_recipe_choice(recipe, experiment, OmegaConf.to_container(node), given)
+
+
 # The training command a lab runs once per run: the library never reaches into scripts/.
 TRAINER = (sys.executable, str(Path(__file__).resolve().with_name("train.py")))
 
@@ -276,6 +291,7 @@ def training_command(name: str, schema: dict[str, Any], run: Callable[[dict[str,
         guard = sweep.job(errors) if hydra_cfg.mode == RunMode.MULTIRUN else one_line_errors(errors)
         try:
             with guard:
+                check_choices(hydra_cfg)
                 run({**to_values(cfg), "out_dir": str(hydra_dir)})
         finally:
             # Hydra creates its output directory before we run; drop it if it stayed empty (a failed

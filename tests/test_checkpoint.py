@@ -253,23 +253,45 @@ def test_a_symlinked_latest_or_checkpoint_is_refused_without_echoing_its_target(
     assert (elsewhere / "model.safetensors").exists()
 
 
-def test_a_huge_vocab_size_is_refused_from_the_weights_header_without_allocating(tmp_path):
+def test_a_model_too_large_for_memory_is_refused_before_allocating(tmp_path):
+    """config.json's sizes are not trusted: the whole model's parameters are checked against the
+    machine's memory (16 GiB here) before one block is built, whatever field makes them large."""
     path = _save(tmp_path / "checkpoints", 1, _model(0))
     meta = json.loads((path / "config.json").read_text())
-    meta["model"]["vocab_size"] = 1_000_000_000  # [1e9, 32] float32 embeddings would be 128 GB
-    (path / "config.json").write_text(json.dumps(meta))
-    code = ("import resource, sys\n"
+    code = ("import json, pathlib, resource, time\n"
+            "import nanoattn.runtime\n"
             "from nanoattn import load_checkpoint\n"
-            "try:\n"
-            f"    load_checkpoint({str(path)!r})\n"
-            "except ValueError as e:\n"
-            "    print(e)\n"
+            "nanoattn.runtime.memory_bytes = lambda device: 16 * 2**30\n"
+            f"file = pathlib.Path({str(path / 'config.json')!r})\n"
+            f"meta = json.loads({json.dumps(json.dumps(meta))})\n"
+            # [1e9, 32] float32 embeddings would be 128 GB; 1e8 layers 2.7 TB, and as modules far more.
+            "for field, value in (('vocab_size', 1_000_000_000), ('n_layer', 100_000_000)):\n"
+            "    file.write_text(json.dumps({**meta, 'model': {**meta['model'], field: value}}))\n"
+            "    began = time.perf_counter()\n"
+            "    try:\n"
+            f"        load_checkpoint({str(path)!r})\n"
+            "    except ValueError as e:\n"
+            "        print(e, '|', round(time.perf_counter() - began, 1))\n"
             "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    message, peak_kib = out.strip().splitlines()
-    assert message.endswith("does not match the model config: tok_emb.weight has shape [64, 32] in the "
-                            "file, [1000000000, 32] in the model")
+    *messages, peak_kib = out.strip().splitlines()
+    assert len(messages) == 2, out
+    for message, field in zip(messages, ("vocab_size=1000000000", "n_layer=100000000"), strict=True):
+        text, seconds = message.split(" | ")
+        assert text.startswith(f"{path / 'config.json'}: model.{field} is invalid: a model of ")
+        assert "needs at least" in text and text.endswith("more than the 16.0 GiB of cpu")
+        assert float(seconds) < 1.0  # no block was built
     assert int(peak_kib) < 1024 * 1024  # < 1 GB: nothing of the model's size was allocated
+
+
+def test_a_shape_mismatch_is_refused_from_the_weights_header(tmp_path):
+    path = _save(tmp_path / "checkpoints", 1, _model(0))
+    meta = json.loads((path / "config.json").read_text())
+    meta["model"]["vocab_size"] = 65
+    (path / "config.json").write_text(json.dumps(meta))
+    with pytest.raises(CheckpointError, match=r"does not match the model config: tok_emb\.weight has shape "
+                                              r"\[64, 32\] in the file, \[65, 32\] in the model$"):
+        load_checkpoint(path)
 
 
 def test_non_finite_or_non_float32_weights_are_refused(tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -25,7 +26,12 @@ from nanoattn.tasks import TASKS
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs"
 sys.path.insert(0, str(REPO / "scripts"))
-from _hydra_cli import one_line, register_options, register_schema  # noqa: E402  (scripts/ is not a package)
+from _hydra_cli import (  # noqa: E402  (scripts/ is not a package)
+    check_choices,
+    one_line,
+    register_options,
+    register_schema,
+)
 
 register_schema("train_schema", RunConfig)
 register_options()
@@ -238,3 +244,51 @@ def test_a_run_directory_that_is_empty_the_repository_or_unnamed_is_refused_befo
     with pytest.raises(Exception) as info:
         _dirs(overrides)
     assert one_line(info.value).startswith(message), one_line(info.value)
+
+
+def _choices_checked(overrides: list[str]) -> None:
+    """What scripts/train.py checks of a composed run before it starts (check_choices)."""
+    check_choices(_compose(overrides, hydra=True).hydra)
+
+
+@pytest.mark.parametrize(("overrides", "conflicts"), [
+    (["experiment=tasks", "task=copy", "recipe=adamw_baseline"],
+     ["train.optimizer='muon' (the recipe: 'adamw')"]),
+    (["experiment=tasks", "task=copy", "recipe=labs"], ["train.lr=0.003 (the recipe: 0.006)"]),
+    (["experiment=passkey", "pos=rope", "recipe=default"],
+     ["train.lr=0.001 (the recipe: 0.01)", "train.max_steps=1200 (the recipe: 1300)"]),
+    (["experiment=debug", "recipe=default"],
+     ["train.max_steps=20 (the recipe: 1300)", "train.warmup_steps=2 (the recipe: 50)"]),
+])
+def test_a_recipe_an_experiment_would_override_is_refused_naming_both(overrides, conflicts):
+    """The experiment's keys come after the recipe's: a key both set would drop the recipe's value."""
+    choice = dict(o.split("=") for o in overrides)
+    refusal = (f"recipe={choice['recipe']} is invalid with experiment={choice['experiment']}: the experiment "
+               f"sets {', '.join(conflicts)}; set each on the command line to choose, or drop recipe=")
+    with pytest.raises(ValueError, match=re.escape(refusal)):
+        _choices_checked(overrides)
+
+
+@pytest.mark.parametrize("overrides", [
+    ["experiment=tasks", "task=copy"],  # the experiment's own choice (recipe: null) and keys
+    ["experiment=passkey", "pos=rope"],  # its own recipe (labs) with its own rate: the experiment's choice
+    ["experiment=debug", "recipe=labs"],  # labs sets nothing debug sets: applied whole
+    ["experiment=extrapolation", "pos=rope", "recipe=adamw_baseline"],  # replaces the experiment's labs
+    ["experiment=debug", "recipe=default", "train.max_steps=20", "train.warmup_steps=2"],  # the user's keys
+    ["recipe=adamw_baseline"],  # no experiment
+])
+def test_a_recipe_is_applied_whole_when_nothing_overrides_it(overrides):
+    _choices_checked(overrides)
+    choice = dict(o.split("=") for o in overrides)
+    if "recipe" in choice:  # every key of the recipe's, but those the command line sets itself
+        run = _run_config(overrides)
+        for section, fields in RECIPES[choice["recipe"]].items():
+            applied = {k: v for k, v in fields.items() if f"{section}.{k}" not in choice}
+            assert {k: getattr(getattr(run, section), k) for k in applied} == applied
+
+
+def test_a_recipe_swept_with_an_experiment_is_checked_per_job():
+    """A sweep's recipe (experiment=recipe_sweep's own) reaches each job as a command-line choice."""
+    _choices_checked(["experiment=recipe_sweep", "recipe=labs"])
+    with pytest.raises(ValueError, match="recipe=default is invalid with experiment=debug"):
+        _choices_checked(["experiment=debug", "recipe=default"])

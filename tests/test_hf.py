@@ -343,19 +343,37 @@ def test_an_index_naming_a_file_outside_its_folder_is_refused(tmp_path):
         import_hf(folder)
 
 
-def test_a_huge_vocab_in_config_json_is_refused_before_allocating(tmp_path):
+def test_a_model_too_large_for_memory_in_config_json_is_refused_before_allocating(tmp_path):
+    """The whole model's parameters against the machine's memory (16 GiB here), before a block is built
+    or a tensor read: a vocabulary of 1e9 (256 GB) or 1e8 layers."""
     folder = export_hf(model(**LLAMA), tmp_path / "hf")
     config = json.loads((folder / "config.json").read_text())
-    config["vocab_size"] = 1_000_000_000
-    (folder / "config.json").write_text(json.dumps(config))
-    code = ("import resource\nfrom nanoattn.hf import import_hf\n"
-            f"try:\n    import_hf({str(folder)!r})\nexcept ValueError as e:\n    print(e)\n"
+    code = ("import json, pathlib, resource\nimport nanoattn.runtime\nfrom nanoattn.hf import import_hf\n"
+            "nanoattn.runtime.memory_bytes = lambda device: 16 * 2**30\n"
+            f"file = pathlib.Path({str(folder / 'config.json')!r})\n"
+            f"config = json.loads({json.dumps(json.dumps(config))})\n"
+            "for key, value in (('vocab_size', 1_000_000_000), ('num_hidden_layers', 100_000_000)):\n"
+            "    file.write_text(json.dumps({**config, key: value}))\n"
+            f"    try:\n        import_hf({str(folder)!r})\n    except ValueError as e:\n        print(e)\n"
             "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n")
-    message, peak_kib = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                                       check=True).stdout.strip().splitlines()
-    assert "the weights do not match config.json: tok_emb.weight has shape" in message
-    assert "[1000000000, 64] in the config" in message
-    assert int(peak_kib) < 1024 * 1024  # under 1 GB: the 256 GB model was never built
+    *messages, peak_kib = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                         check=True).stdout.strip().splitlines()
+    file = folder / "config.json"
+    assert [m.split(" is invalid: ")[0] for m in messages] == [f"{file}: model.vocab_size=1000000000",
+                                                               f"{file}: model.n_layer=100000000"]
+    assert all("needs at least" in m and m.endswith("more than the 16.0 GiB of cpu") for m in messages)
+    assert int(peak_kib) < 1024 * 1024  # under 1 GB: neither model was ever built
+
+
+def test_weights_of_another_shape_than_config_json_are_refused(tmp_path):
+    folder = export_hf(model(**LLAMA), tmp_path / "hf")
+    config = json.loads((folder / "config.json").read_text())
+    config["vocab_size"] += 1
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"the weights do not match config\.json: tok_emb\.weight has shape "
+                                         rf"\[{config['vocab_size'] - 1}, 64\] in the weights, "
+                                         rf"\[{config['vocab_size']}, 64\] in the config"):
+        import_hf(folder)
 
 
 @pytest.mark.parametrize("bad", ["nan", "int64"])

@@ -24,12 +24,23 @@ import torch
 
 from nanoattn.config import PRESETS, ModelConfig, preset
 from nanoattn.config.options import RECIPES, as_overrides
+from nanoattn.model import check_forward_fits
 from nanoattn.runtime import check_device_name, pick_device, synchronize
-from nanoattn.validation import as_float, check_bool, check_choice, check_positive_int, check_text, fail
+from nanoattn.validation import (
+    as_float,
+    check_bool,
+    check_choice,
+    check_positive_int,
+    check_text,
+    declared_defaults,
+    fail,
+    largest_departure,
+)
 
 Row = dict[str, Any]
 Section = Callable[["BenchConfig", Mapping[str, list[Row]]], list[Row]]
 SECTIONS: dict[str, Section] = {}  # filled by @section when nanoattn.bench imports the section modules
+SHAPED = ("train", "mfu", "encodings", "attention")  # the sections that train at batch_size x seq_len
 TRAIN_DTYPES = ("float32", "bfloat16")  # train measures both; decode and eval take one (bfloat16: autocast)
 # The default recipe as key=value overrides of the dataclasses' defaults (speedrun.recipe).
 DEFAULT_RECIPE = tuple(as_overrides(RECIPES["default"]))
@@ -113,6 +124,9 @@ class BenchConfig:
         return pick_device(self.device, key="bench.device")
 
 
+DEFAULTS = declared_defaults(BenchConfig)
+
+
 def _model_config(name: str, value: Any, **overrides: Any) -> ModelConfig:
     if isinstance(value, str):
         check_choice("bench", name, value, tuple(PRESETS))
@@ -135,6 +149,11 @@ def run_sections(names: Iterable[str], cfg: BenchConfig,
     names = list(names)
     for name in names:  # all checked before the first one runs for minutes
         check_choice("bench", "only", name, tuple(SECTIONS))
+    if set(names) & set(SHAPED):  # and their training steps' memory, before anything is allocated
+        sizes = {name: (getattr(cfg, name), DEFAULTS[name]) for name in ("batch_size", "seq_len")}
+        key = largest_departure(sizes)
+        check_forward_fits(cfg.model, cfg.batch_size, cfg.seq_len, cfg.torch_device(),
+                           ("bench", key, sizes[key][0]), training=True)
     done: dict[str, list[Row]] = {}
     for name in names:
         done[name] = [{"section": name, **row} for row in SECTIONS[name](cfg, done)]

@@ -18,9 +18,9 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import torch
-import yaml
 
 from nanoattn.bench.core import BenchConfig, Row, random_tokens, section, shape_text
+from nanoattn.checkpoint import read_run_config
 from nanoattn.config import RunConfig
 from nanoattn.logging import read_metrics
 from nanoattn.model import GPT
@@ -36,7 +36,7 @@ def read_run_rate(run: str | Path) -> tuple[RunConfig, float, int]:
     for file in (config_file, metrics_file):
         if not file.is_file():
             raise ValueError(f"bench.run={str(run)!r} is invalid: no {file.name} (pass a run directory)")
-    cfg = RunConfig.from_dict(yaml.safe_load(config_file.read_text()))
+    cfg = RunConfig.from_dict(read_run_config(run))
     rates = [record["tok_per_s"] for record in read_metrics(metrics_file) if "tok_per_s" in record]
     # The first window holds the warm-up (and any compilation); later ones are the steady state.
     if len(rates) < 2:

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from nanoattn.checkpoint import resolve_checkpoint, run_directory
+from nanoattn.config import ModelConfig
 from nanoattn.eval.heads import (
     BROAD_MIN_ENTROPY,
     DELIMITER_MASS,
@@ -42,8 +43,11 @@ from nanoattn.eval.plots import (
     token_labels,
 )
 from nanoattn.eval.runs import CheckpointEvalConfig, is_path, load_for_eval, write_report
-from nanoattn.runtime import check_output, json_object_with
-from nanoattn.validation import check_choice, check_positive_int, fail
+from nanoattn.runtime import check_fits, check_output, json_object_with
+from nanoattn.validation import check_choice, check_positive_int, declared_defaults, fail, largest_departure
+
+TOKEN_BYTES = 8  # int64 ids
+WEIGHT_BYTES = 4  # float32 attention weights
 
 HEADS_KEYS = ("checkpoint", "heads", "pruning")  # what marks a heads.json as an earlier analysis
 
@@ -102,6 +106,28 @@ def check_heads_output(cfg: HeadAnalysisConfig) -> Path:
     return out_dir
 
 
+DEFAULTS = declared_defaults(HeadAnalysisConfig)
+
+
+def check_analysis_fits(cfg: HeadAnalysisConfig, model: ModelConfig, train_seq_len: int, map_tokens: int,
+                        device: torch.device) -> None:
+    """Refuse, before a window is read, an analysis that cannot fit ``device``: the validation
+    windows (int64 inputs and targets, all kept), every layer's attention weights of one batch
+    (the statistics read them from the slow path) and the maps of the ``map_tokens`` drawn. The
+    error names the option furthest above its default."""
+    seq_len = cfg.seq_len or train_seq_len
+    heads, windows = model.n_layer * model.attention_heads, cfg.n_batches * cfg.batch_size
+    sizes = {name: (getattr(cfg, name), DEFAULTS[name]) for name in ("batch_size", "n_batches")}
+    name = largest_departure({**sizes, "seq_len": (seq_len, train_seq_len)})
+    layout = f"{model.n_layer} layers x {model.attention_heads} heads"
+    what = f"{windows:,} windows of {seq_len:,} tokens and a batch's attention weights ({layout})"
+    check_fits(2 * TOKEN_BYTES * windows * seq_len + WEIGHT_BYTES * heads * cfg.batch_size * seq_len**2,
+               device, what, key=(cfg.owner, name, getattr(cfg, name)), at_least=True)
+    map_key = (cfg.owner, "text", cfg.text) if cfg.text is not None else (cfg.owner, "map_len", cfg.map_len)
+    check_fits(WEIGHT_BYTES * heads * map_tokens**2, device,
+               f"attention maps of {map_tokens:,} tokens ({layout})", key=map_key)
+
+
 def analyze_heads(cfg: HeadAnalysisConfig) -> dict[str, Any]:
     """Statistics, importance, pruning and attention maps of a checkpoint, written to ``out_dir``.
 
@@ -110,14 +136,24 @@ def analyze_heads(cfg: HeadAnalysisConfig) -> dict[str, Any]:
     """
     out_dir = check_heads_output(cfg)
     ckpt, data = load_for_eval(cfg.ckpt, device=cfg.device, data_dir=cfg.data_dir)
-    model, n_layer, n_head = ckpt.model, ckpt.config.n_layer, ckpt.config.n_head
+    # A differential model's heads are its n_head / 2 pairs: every table, label and figure counts those.
+    model, n_layer, n_head = ckpt.model, ckpt.config.n_layer, ckpt.config.attention_heads
     device = next(model.parameters()).device
-    focus = check_head(model, cfg.head) if cfg.head is not None else None
+    focus = check_head(model, cfg.head, cfg.owner) if cfg.head is not None else None
     seq_len = cfg.seq_len or ckpt.train_seq_len
+    if cfg.text is not None:
+        ids = data.tokenizer.encode(cfg.text).ids
+    else:
+        ids = data.tokens("val")[:cfg.map_len].tolist()
+    if not ids:
+        raise ValueError(f"text={cfg.text!r} encodes to no tokens: give some text for the attention maps")
+    check_analysis_fits(cfg, ckpt.config, ckpt.train_seq_len, len(ids), device)
     batches = [(x.to(device), y.to(device))
                for x, y in data.val_batches(cfg.n_batches, batch_size=cfg.batch_size, seq_len=seq_len)]
     out_dir.mkdir(parents=True, exist_ok=True)
-    print(f"{ckpt.path}: {n_layer} layers x {n_head} heads ({ckpt.config.n_kv_head} kv), "
+    kind = f"differential heads (pairs of its {ckpt.config.n_head} query heads; " if ckpt.config.diff_attn \
+        else "heads ("
+    print(f"{ckpt.path}: {n_layer} layers x {n_head} {kind}{ckpt.config.n_kv_head} kv), "
           f"{len(batches) * cfg.batch_size} validation windows of {seq_len} tokens from {data.data_dir}")
 
     heads = head_statistics(model, batches, delimiter_ids(data.tokenizer))
@@ -126,12 +162,6 @@ def analyze_heads(cfg: HeadAnalysisConfig) -> dict[str, Any]:
         record["importance"] = float(importance[record["layer"], record["head"]])
     curve = pruning_curve(model, batches, importance, scope=cfg.prune_scope, steps=cfg.prune_steps)
 
-    if cfg.text is not None:
-        ids = data.tokenizer.encode(cfg.text).ids
-    else:
-        ids = data.tokens("val")[:cfg.map_len].tolist()
-    if not ids:
-        raise ValueError(f"text={cfg.text!r} encodes to no tokens: give some text for the attention maps")
     maps = attention_maps(model, torch.tensor([ids], device=device))[0]  # [n_layer, n_head, T, T]
     plot_attention_grid(maps, out_dir / "attention_maps.png",
                         [f"L{r['layer']} H{r['head']} {r['kind']}" for r in heads])

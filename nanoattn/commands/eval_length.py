@@ -14,6 +14,7 @@ from nanoattn.eval.compare import length_table
 from nanoattn.eval.length import MODES, REPORT_STEM, evaluate_lengths, held_out_stream
 from nanoattn.eval.plots import plot_length_curves
 from nanoattn.eval.runs import AtLengthsConfig, checkpoint_fields
+from nanoattn.model import check_streamable
 from nanoattn.validation import check_choice, check_non_negative_int, check_positive_int
 
 
@@ -43,8 +44,11 @@ class LengthEvalConfig(AtLengthsConfig):
 def run_length_eval(cfg: LengthEvalConfig) -> dict[str, Any]:
     """Evaluate ``cfg.ckpt`` at every length; write the JSON report (and its figure). Returns the report."""
     checkpoint, data = cfg.load()
+    if cfg.mode == "streaming":  # the rule sample.py's streaming_llm follows, asked of the encoding
+        check_streamable(checkpoint.config, cfg.owner, "mode", cfg.mode)
+    lengths = cfg.lengths_for(checkpoint, rows=1 if cfg.mode == "streaming" else None)
     sweep = evaluate_lengths(checkpoint.model, held_out_stream(data, cfg.max_tokens),
-                             cfg.lengths_for(checkpoint.train_seq_len), mode=cfg.mode, stride=cfg.stride,
+                             lengths, mode=cfg.mode, stride=cfg.stride,
                              batch_size=cfg.batch_size, dtype=cfg.dtype, bytes_per_token=data.bytes_per_token,
                              n_sink=cfg.n_sink)
     report = {

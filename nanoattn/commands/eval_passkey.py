@@ -16,7 +16,7 @@ from typing import Any
 from nanoattn.eval.passkey import DEFAULT_DEPTHS, REPORT_STEM, evaluate_passkey, passkey_table
 from nanoattn.eval.plots import plot_passkey
 from nanoattn.eval.runs import AtLengthsConfig, checkpoint_fields
-from nanoattn.validation import as_float, check_non_negative_int, check_positive_int, fail
+from nanoattn.validation import as_float, check_positive_int, check_seed, fail
 
 
 @dataclass
@@ -40,7 +40,7 @@ class PasskeyEvalConfig(AtLengthsConfig):
                 fail(self.owner, "depths", list(self.depths), f"{depth!r} is not in [0, 1]")
         self.depths = tuple(self.depths)  # the declared default's type, whatever the caller passed
         check_positive_int(self.owner, "samples", self.samples)
-        check_non_negative_int(self.owner, "seed", self.seed)
+        check_seed(self.owner, "seed", self.seed)
 
 
 def run_passkey_eval(cfg: PasskeyEvalConfig) -> dict[str, Any]:
@@ -48,7 +48,7 @@ def run_passkey_eval(cfg: PasskeyEvalConfig) -> dict[str, Any]:
     checkpoint, data = cfg.load()
     began = time.perf_counter()
     cells = evaluate_passkey(checkpoint.model, data.tokenizer, data.tokens("val"),
-                             cfg.lengths_for(checkpoint.train_seq_len), cfg.depths, samples=cfg.samples,
+                             cfg.lengths_for(checkpoint), cfg.depths, samples=cfg.samples,
                              seed=cfg.seed, batch_size=cfg.batch_size, dtype=cfg.dtype)
     report = {
         **checkpoint_fields(checkpoint),

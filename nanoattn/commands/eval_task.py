@@ -14,9 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import yaml
-
-from nanoattn.checkpoint import run_directory
+from nanoattn.checkpoint import RUN_CONFIG, read_run_config, resolve_checkpoint, run_directory
 from nanoattn.config import TaskConfig
 from nanoattn.data import TaskData
 from nanoattn.eval.plots import plot_tasks
@@ -24,11 +22,12 @@ from nanoattn.eval.runs import ReportConfig, checkpoint_fields
 from nanoattn.eval.tasks import (
     DEFAULT_FACTORS,
     DEFAULT_PER_BIN,
+    check_bins_fit,
     check_factors,
     evaluate_task,
     task_table,
 )
-from nanoattn.validation import check_non_negative_int, check_positive_int, from_dict
+from nanoattn.validation import check_positive_int, check_seed, from_dict
 
 REPORT_STEM = "task_eval"
 
@@ -50,24 +49,26 @@ class TaskEvalConfig(ReportConfig):
         super().__post_init__()
         self.factors = check_factors(self.owner, self.factors)
         check_positive_int(self.owner, "per_bin", self.per_bin)
-        check_non_negative_int(self.owner, "seed", self.seed)
+        check_seed(self.owner, "seed", self.seed)
 
 
 def run_task(ckpt_path) -> TaskConfig:
     """The task a checkpoint's run trained on (its config.yaml); an error for a language-model run."""
-    config_file = run_directory(ckpt_path) / "config.yaml"
-    found = (yaml.safe_load(config_file.read_text()) or {}).get("task") if config_file.is_file() else None
-    task = from_dict(TaskConfig, found or {}, owner="task")
+    run = run_directory(resolve_checkpoint(ckpt_path))
+    found = read_run_config(run, "task") if (run / RUN_CONFIG).is_file() else {}
+    task = from_dict(TaskConfig, found, owner="task")
     if task.name is None:
         raise ValueError(f"eval_task.ckpt={str(ckpt_path)!r} is invalid: its run trained no task "
-                         f"({config_file} has no task.name); train one with experiment=tasks task=<name>")
+                         f"({run / RUN_CONFIG} has no task.name); train one with experiment=tasks "
+                         "task=<name>")
     return task
 
 
 def run_task_eval(cfg: TaskEvalConfig) -> dict[str, Any]:
     """Score ``cfg.ckpt`` on its task at every bin; write the JSON report (and figure). Returns the report."""
+    task = run_task(cfg.ckpt)
+    check_bins_fit(cfg.owner, task.build(), task.train_length, cfg.factors, cfg.per_bin, cfg.batch_size)
     checkpoint, data = cfg.load()
-    task = run_task(checkpoint.path)
     task_data = TaskData(data, task.build(), task.train_length)
     began = time.perf_counter()
     bins = evaluate_task(checkpoint.model, task_data, factors=cfg.factors, per_bin=cfg.per_bin, seed=cfg.seed,

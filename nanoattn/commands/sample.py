@@ -24,11 +24,14 @@ import torch
 from nanoattn.checkpoint import load_checkpoint
 from nanoattn.data.tokenizer import EOT
 from nanoattn.generate import Decoding, sample_text
-from nanoattn.runtime import DTYPES, autocast, autocast_dtype, check_device_name, pick_device
-from nanoattn.validation import check_bool, check_choice, check_positive_int, fail, is_int
+from nanoattn.runtime import DTYPES, affordable, autocast, autocast_dtype, check_device_name, pick_device
+from nanoattn.validation import check_bool, check_choice, check_positive_int, check_seed, fail
 
 OWNER = "sample"
 _ESCAPES = {"n": "\n", "t": "\t", "\\": "\\"}
+# The tokenizer's peak memory per byte of text it encodes, measured (HF tokenizers, the byte tokenizer:
+# 252 bytes): a prompt file is read only up to what the machine's memory can tokenize.
+TOKENIZE_BYTES_PER_BYTE = 256
 
 
 def unescape(text: str) -> str:
@@ -74,8 +77,7 @@ class SampleConfig:
         self.stop = [unescape(s) for s in self.stop]
         if self.prompt is not None:
             self.prompt = unescape(str(self.prompt))
-        if not is_int(self.seed):
-            fail(OWNER, "seed", self.seed, "must be an integer")
+        check_seed(OWNER, "seed", self.seed)
         for name in ("stream", "sliding_window"):
             check_bool(OWNER, name, getattr(self, name))
         check_device_name(OWNER, "device", self.device)
@@ -85,8 +87,16 @@ class SampleConfig:
 
 
 def read_prompt_file(path: str) -> str:
+    """The file's text, read up to the bytes tokenizing can take (``TOKENIZE_BYTES_PER_BYTE``): a
+    longer file (``/dev/zero``) is refused after reading one byte past that bound, never whole."""
+    limit = affordable(TOKENIZE_BYTES_PER_BYTE, torch.device("cpu"))
     try:
-        return Path(path).read_text(encoding="utf-8")
+        with open(path, "rb") as f:
+            data = f.read(limit + 1)
+        if len(data) > limit:
+            fail(OWNER, "prompt_file", path, f"is longer than {limit:,} bytes, more than the memory of this "
+                 f"machine can tokenize (about {TOKENIZE_BYTES_PER_BYTE} bytes a byte of text)")
+        return data.decode("utf-8")
     except (OSError, UnicodeDecodeError) as e:
         reason = getattr(e, "strerror", None) or e
         raise ValueError(f"{OWNER}.prompt_file={path!r} cannot be read: {reason}") from None
@@ -103,11 +113,11 @@ def sample(cfg: SampleConfig, *, out: TextIO | None = None, err: TextIO | None =
     out, err = out or sys.stdout, err or sys.stderr
     device = pick_device(cfg.device, f"{OWNER}.device")
     dtype, _ = autocast_dtype(cfg.dtype, device)  # None: plain float32
+    prompt = read_prompt_file(cfg.prompt_file) if cfg.prompt_file else cfg.prompt or ""
     ckpt = load_checkpoint(cfg.ckpt, rope_scaling=cfg.rope_scaling, device=device)
     tokenizer = ckpt.tokenizer
     if tokenizer is None:
         raise ValueError(f"checkpoint {ckpt.path} has no tokenizer.json: it cannot turn text into tokens")
-    prompt = read_prompt_file(cfg.prompt_file) if cfg.prompt_file else cfg.prompt or ""
     eot = tokenizer.token_to_id(EOT)
     prompt_ids = tokenizer.encode(prompt).ids if prompt else [eot] if eot is not None else []
     if not prompt_ids:

@@ -135,7 +135,7 @@ class ModelConfig:
         if self.rope_scaling is not None and not isinstance(self.rope_scaling, Mapping):
             fail(own, "rope_scaling", self.rope_scaling, "must be null or a mapping such as "
                  "{type: linear, factor: 2.0}")
-        for name in dict.fromkeys(self.layer_pos):
+        for name in self.encodings:
             REGISTRY[name].check_config(self)
         # After the encodings' own checks, whose messages say more for the encodings the model uses.
         for name in ENCODING_INTS:
@@ -176,7 +176,7 @@ class ModelConfig:
         if self.attn_sinks:
             fail("model", "attn_sinks", self.attn_sinks, "cannot be combined with diff_attn=True: a sink "
                  "would join each of the two maps a head subtracts, which neither paper describes")
-        biased = [name for name in dict.fromkeys(self.layer_pos) if REGISTRY[name].adds_bias]
+        biased = [name for name in self.encodings if REGISTRY[name].adds_bias]
         if biased:
             fail("model", "diff_attn", self.diff_attn, f"needs encodings without an attention bias (the "
                  f"paper's maps are plain softmaxes); pos={self.pos!r} adds {' and '.join(biased)}")
@@ -232,17 +232,23 @@ class ModelConfig:
                 fail("model", "sliding_window", windows, f"must be null, a window or a list of 1 to "
                      f"n_layer={self.n_layer} windows (null: a global layer) cycled over the layers")
             self.sliding_window = windows = list(windows)  # a plain list (Hydra hands a ListConfig)
-        for window in per_layer(windows, self.n_layer):
+        for window in cycled(windows):
             if window is not None and not (is_int(window) and window > 0):
                 fail("model", "sliding_window", self.sliding_window, "each window must be a positive "
                      "integer (tokens a query sees, itself included) or null (every earlier token)")
-        if all(window is None for window in self.layer_window):
+        if all(window is None for window in cycled(windows)):
             self.sliding_window = None  # [null, null] is the plain model: one spelling of it
 
     @property
     def layer_window(self) -> tuple[int | None, ...]:
         """Each layer's attention window (None: global): ``sliding_window`` repeated or cycled."""
         return per_layer(self.sliding_window, self.n_layer)
+
+    @property
+    def encodings(self) -> tuple[str, ...]:
+        """The encodings the layers use, each once, in order (``layer_pos`` without the repeats;
+        validation reads this, so a config of 10**8 layers costs no more to check than one of 4)."""
+        return tuple(dict.fromkeys(cycled(self.pos)))
 
     @property
     def layer_pos(self) -> tuple[str, ...]:
@@ -254,13 +260,13 @@ class ModelConfig:
         """Whether some layer's encoding rotates q and k (``PositionalEncoding.rotary``: RoPE, xPos,
         alone or in a per-layer layout such as iRoPE): the models a RoPE scaling applies to, by config,
         zero-shot or by context extension."""
-        return any(REGISTRY[name].rotary for name in self.layer_pos)
+        return any(REGISTRY[name].rotary for name in self.encodings)
 
     @property
     def length_limit(self) -> int | None:
         """The longest input the model is defined at: ``max_seq_len`` when an encoding has a learned
         length (``PositionalEncoding.learned_length``: no value past its table), else None (any)."""
-        return self.max_seq_len if any(REGISTRY[name].learned_length for name in self.layer_pos) else None
+        return self.max_seq_len if any(REGISTRY[name].learned_length for name in self.encodings) else None
 
     @property
     def head_dim(self) -> int:
@@ -284,9 +290,14 @@ class ModelConfig:
 
 
 
+def cycled(value: Any) -> list[Any]:
+    """The values a per-layer field cycles over: a single value, or its list."""
+    return [value] if isinstance(value, str) or not isinstance(value, Sequence) else list(value)
+
+
 def per_layer(value: Any, n_layer: int) -> tuple[Any, ...]:
     """One value per layer: a single value repeated, or a list cycled ([a, b] -> a, b, a, b, ...)."""
-    values = [value] if isinstance(value, str) or not isinstance(value, Sequence) else list(value)
+    values = cycled(value)
     return tuple(values[i % len(values)] for i in range(n_layer))
 
 

@@ -9,7 +9,7 @@ is read when it is asked, never copied at import, so an entry added at run time 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from nanoattn.positional import REGISTRY
@@ -32,8 +32,9 @@ RECIPES: dict[str, dict[str, Fields]] = {
         "model": dict(tie_embeddings=False),
         "train": dict(optimizer="muon", lr=0.006, embedding_lr_scale=10.0, head_lr_scale=0.3),
     },
-    # The classic baseline: the dataclasses' defaults (AdamW on every parameter, tied embeddings).
-    "adamw_baseline": {},
+    # The classic baseline: the dataclasses' defaults (AdamW on every parameter, tied embeddings). It
+    # states its optimizer, the key it is named after, so an experiment that sets another is refused with it.
+    "adamw_baseline": {"train": dict(optimizer="adamw")},
 }
 
 # Encodings in a form with parameters of its own, beside every registry encoding's plain form.
@@ -66,6 +67,35 @@ ATTENTION_VARIANTS: dict[str, Fields] = {
 def encoding_options() -> dict[str, Fields]:
     """Every ``pos`` option: each registry encoding as itself, then the named forms."""
     return {**{name: dict(pos=name) for name in REGISTRY}, **NAMED_ENCODINGS}
+
+
+def recipe_conflicts(recipe: str, experiment: Mapping[str, Any],
+                     given: Collection[str] = ()) -> dict[str, tuple[Any, Any]]:
+    """{"section.key": (the recipe's value, the experiment's)} for every key recipe ``recipe`` sets
+    that an experiment's own sections (its YAML file's ``model:``, ``train:``...) set to another
+    value, less the keys ``given`` on the command line (which override both)."""
+    conflicts = {}
+    for section, fields in RECIPES[recipe].items():
+        theirs = experiment.get(section) or {}
+        for key, value in fields.items():
+            if key in theirs and theirs[key] != value and f"{section}.{key}" not in given:
+                conflicts[f"{section}.{key}"] = (value, theirs[key])
+    return conflicts
+
+
+def check_recipe_choice(recipe: str, experiment_name: str, experiment: Mapping[str, Any],
+                        given: Collection[str] = ()) -> None:
+    """The rule for a recipe chosen on the command line with an experiment: the recipe is applied
+    whole, or the run is refused. An experiment's keys come after the recipe's, so a key both set
+    would silently drop the recipe's value: refused in one line naming both and the keys, unless
+    the command line sets the key itself."""
+    conflicts = recipe_conflicts(recipe, experiment, given)
+    if conflicts:
+        said = ", ".join(f"{key}={theirs!r} (the recipe: {ours!r})"
+                         for key, (ours, theirs) in conflicts.items())
+        raise ValueError(f"recipe={recipe} is invalid with experiment={experiment_name}: the experiment sets "
+                         f"{said}; set each on the command line to choose, or drop recipe= to train the "
+                         "experiment's own")
 
 
 def as_overrides(sections: Mapping[str, Mapping[str, Any]]) -> list[str]:

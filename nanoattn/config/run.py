@@ -22,6 +22,7 @@ from nanoattn.validation import (
     check_non_negative_int,
     check_number,
     check_positive_int,
+    check_seed,
     check_text,
     fail,
     from_dict,
@@ -88,8 +89,7 @@ class DataConfig:
         for name in ("hf_config", "val_split"):
             if getattr(self, name) is not None:
                 check_text(own, name, getattr(self, name))
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            fail(own, "seed", self.seed, "must be a non-negative integer")
+        check_seed(own, "seed", self.seed)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -150,8 +150,9 @@ class TrainConfig:
         own = "train"
         for name in ("batch_size", "grad_accum", "max_steps", "eval_steps", "log_interval"):
             check_positive_int(own, name, getattr(self, name))
-        for name in ("warmup_steps", "eval_interval", "ckpt_interval", "seed"):
+        for name in ("warmup_steps", "eval_interval", "ckpt_interval"):
             check_non_negative_int(own, name, getattr(self, name))
+        check_seed(own, "seed", self.seed)
         if self.seq_len is not None:
             check_positive_int(own, "seq_len", self.seq_len)
         if self.keep_last is not None:

@@ -40,6 +40,11 @@ VAL_STREAM = 0x7476616C  # validation instances (fixed, the same in every run)
 EVAL_STREAM = 0x74657661  # the scorer's instances (nanoattn.eval.tasks)
 
 
+def row_inputs(task: Task, size: int) -> int:
+    """Model inputs of the row of a ``task`` instance of ``size`` at most: its tokens + 2 EOT, less one."""
+    return task.max_tokens(size) + 1
+
+
 class TaskData:
     """Batches of ``task`` at training sizes up to ``train_length``, in the tokens of ``data``."""
 
@@ -55,8 +60,8 @@ class TaskData:
 
     @property
     def seq_len(self) -> int:
-        """Model inputs per row for the largest training instance (its tokens + 2 EOT, less one)."""
-        return self.task.max_tokens(self.train_length) + 1
+        """Model inputs per row for the largest training instance."""
+        return row_inputs(self.task, self.train_length)
 
     def check_seq_len(self, seq_len: int | None) -> int:
         """``seq_len``, or this task's own when None; an error when training instances would not fit."""

@@ -25,6 +25,7 @@ from nanoattn.eval.runs import report_label
 from nanoattn.eval.tables import format_table
 
 REPORT_NAME = f"{REPORT_STEM}.json"
+LENGTH_KEYS = frozenset({"length", "ppl"})  # what every entry of a length report's results has
 
 
 def load_report(path: str | Path) -> tuple[str, dict[str, Any]]:
@@ -38,8 +39,12 @@ def load_report(path: str | Path) -> tuple[str, dict[str, Any]]:
         report = json.loads(file.read_text())
     except json.JSONDecodeError as e:
         raise ValueError(f"{file} is not JSON: {e}") from None
-    if not isinstance(report, dict) or not isinstance(report.get("results"), list):
-        raise ValueError(f"{file} is not a length evaluation (no 'results' list)")
+    results = report.get("results") if isinstance(report, dict) else None
+    entries = results if isinstance(results, list) else []
+    if not entries or not all(isinstance(r, dict) and LENGTH_KEYS <= r.keys() for r in entries):
+        raise ValueError(f"{file} is not a length evaluation (its 'results' are not a non-empty list of "
+                         f"{{{', '.join(sorted(LENGTH_KEYS))}, ...}}): compare_length reads the reports of "
+                         "scripts/eval_length.py")
     return report_label(file, REPORT_STEM), report
 
 

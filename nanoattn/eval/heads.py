@@ -75,17 +75,19 @@ def prune_heads(model: GPT, heads: Iterable[Sequence[int]]) -> torch.Tensor:
     return mask
 
 
-def check_head(model: GPT, pair: Sequence[int]) -> tuple[int, int]:
-    """(layer, head) as ints, or a ValueError naming the pair and the model's ranges."""
+def check_head(model: GPT, pair: Sequence[int], owner: str | None = None) -> tuple[int, int]:
+    """(layer, head) as ints, or a ValueError naming the pair (``owner.head``) and the model's ranges;
+    a differential model's heads are its n_head / 2 pairs."""
     cfg = model.cfg
     try:
         layer, head = (operator.index(v) for v in pair)
     except (TypeError, ValueError):
         layer = head = -1
     if not (0 <= layer < cfg.n_layer and 0 <= head < cfg.attention_heads):
-        raise ValueError(f"head={pair!r} is invalid: expected "
+        pairs = f" (differential attention: pairs of its {cfg.n_head} query heads)" if cfg.diff_attn else ""
+        raise ValueError(f"{owner + '.' if owner else ''}head={pair!r} is invalid: expected "
                          f"[layer, head] with 0 <= layer < {cfg.n_layer} and "
-                         f"0 <= head < {cfg.attention_heads}")
+                         f"0 <= head < {cfg.attention_heads}{pairs}")
     return layer, head
 
 

@@ -57,7 +57,7 @@ from typing import Any, NamedTuple
 import torch
 
 from nanoattn.data import TokenData, bits_per_byte
-from nanoattn.model import StreamingCache
+from nanoattn.model import StreamingCache, check_streamable
 from nanoattn.runtime import DTYPES, autocast, autocast_dtype, synchronize
 from nanoattn.validation import as_float, check_choice, check_positive_int, fail, is_int
 
@@ -184,6 +184,8 @@ def evaluate_lengths(model, tokens: torch.Tensor, lengths: Sequence[int], *, mod
     if mode != "sliding" and stride is not None:
         raise ValueError(f"length_eval.stride={stride} is invalid with mode={mode!r} (only sliding windows "
                          "overlap); use mode=sliding or stride=null")
+    if mode == "streaming":
+        check_streamable(model.cfg, "length_eval", "mode", mode)
     if mode == "streaming" and lengths[0] <= n_sink:
         raise ValueError(f"length_eval.lengths={lengths} is invalid with mode='streaming': each is a cache "
                          f"of n_sink={n_sink} sinks plus a window, so it must exceed n_sink")
@@ -232,18 +234,22 @@ def check_lengths(owner: str, lengths: Sequence[int]) -> list[int]:
 
 
 def check_multiples(owner: str, multiples: Sequence[float]) -> None:
-    """A non-empty list of positive numbers (multiples of a training length)."""
+    """A non-empty list of positive finite numbers (multiples of a training length)."""
     if isinstance(multiples, (str, bytes)) or not isinstance(multiples, Sequence) or not multiples:
         fail(owner, "multiples", multiples, "must be a non-empty list")
     for m in multiples:
-        if not as_float(m) > 0:
-            fail(owner, "multiples", list(multiples), f"{m!r} is not positive")
+        if not (as_float(m) > 0 and math.isfinite(as_float(m))):
+            fail(owner, "multiples", list(multiples), f"{m!r} is not a positive finite number")
 
 
-def lengths_from_multiples(train_seq_len: int, multiples: Sequence[float] = DEFAULT_MULTIPLES) -> list[int]:
+def lengths_from_multiples(train_seq_len: int, multiples: Sequence[float] = DEFAULT_MULTIPLES,
+                           owner: str = "length_eval") -> list[int]:
     """round(m * train_seq_len) for each multiple m (1, 1.25, ... 16 by default)."""
-    check_multiples("length_eval", multiples)
-    return check_lengths("length_eval", [max(1, round(m * train_seq_len)) for m in multiples])
+    check_multiples(owner, multiples)
+    lengths = [m * train_seq_len for m in multiples]
+    if not all(math.isfinite(length) for length in lengths):
+        fail(owner, "multiples", list(multiples), f"x the training length {train_seq_len} is past any length")
+    return check_lengths(owner, [max(1, round(length)) for length in lengths])
 
 
 class PeakMemory:

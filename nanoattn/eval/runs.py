@@ -33,13 +33,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-import yaml
-
-from nanoattn.checkpoint import LATEST, Checkpoint, load_checkpoint, resolve_checkpoint, run_directory
+from nanoattn.checkpoint import (
+    LATEST,
+    RUN_CONFIG,
+    Checkpoint,
+    load_checkpoint,
+    read_run_config,
+    resolve_checkpoint,
+    run_directory,
+)
 from nanoattn.config import DataConfig
 from nanoattn.data import TokenData, data_dir
 from nanoattn.eval.length import DEFAULT_MULTIPLES, check_lengths, check_multiples, lengths_from_multiples
 from nanoattn.logging import note
+from nanoattn.model import check_forward_fits
 from nanoattn.runtime import (
     DTYPES,
     check_device_name,
@@ -152,18 +159,26 @@ class AtLengthsConfig(ReportConfig):
         check_multiples(self.owner, self.multiples)
         self.multiples = tuple(self.multiples)  # the declared default's type, whatever the caller passed
 
-    def lengths_for(self, train_seq_len: int) -> list[int]:
-        """``lengths`` ascending, or else ``multiples`` of the checkpoint's training length."""
+    def lengths_for(self, checkpoint: Checkpoint, rows: int | None = None) -> list[int]:
+        """``lengths`` ascending, or else ``multiples`` of the checkpoint's training length; refused
+        (naming the key) when a forward pass over ``rows`` (default ``batch_size``) windows of the
+        longest cannot fit the model's device."""
         if self.lengths is not None:
-            return check_lengths(self.owner, self.lengths)
-        return lengths_from_multiples(train_seq_len, self.multiples)
+            lengths = check_lengths(self.owner, self.lengths)
+            key = (self.owner, "lengths", list(self.lengths))
+        else:
+            lengths = lengths_from_multiples(checkpoint.train_seq_len, self.multiples, self.owner)
+            key = (self.owner, "multiples", list(self.multiples))
+        device = next(checkpoint.model.parameters()).device
+        check_forward_fits(checkpoint.config, rows or self.batch_size, lengths[-1], device, key)
+        return lengths
 
 
 def run_data_dir(checkpoint_path: Path) -> Path:
     """The data folder the run of a (resolved) checkpoint trained on; see the module docstring."""
-    config_file = run_directory(checkpoint_path) / "config.yaml"
-    if config_file.is_file():
-        data = (yaml.safe_load(config_file.read_text()) or {}).get("data") or {}
+    run = run_directory(checkpoint_path)
+    if (run / RUN_CONFIG).is_file():
+        data = read_run_config(run, "data")
         if data.get("root") and data.get("name"):
             return data_dir(DataConfig(root=data["root"], name=data["name"]))
     return data_dir(DataConfig())

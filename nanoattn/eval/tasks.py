@@ -29,24 +29,31 @@ from typing import Any
 
 import torch
 
+from nanoattn.config import ModelConfig
 from nanoattn.data import TaskData
-from nanoattn.data.tasks import EVAL_STREAM
+from nanoattn.data.tasks import EVAL_STREAM, row_inputs
 from nanoattn.eval.tables import format_table
-from nanoattn.model import IGNORE_INDEX
-from nanoattn.runtime import autocast, autocast_dtype
+from nanoattn.model import IGNORE_INDEX, check_forward_fits
+from nanoattn.runtime import autocast, autocast_dtype, check_fits
+from nanoattn.tasks import Task
 from nanoattn.validation import as_float, fail
 
 DEFAULT_FACTORS = (1.0, 1.5, 2.0, 3.0, 4.0)
 DEFAULT_PER_BIN = 400
+# An instance's record as Python objects (its seed words, size and result), measured with tracemalloc:
+# the report keeps every one, and writing it takes more.
+RECORD_BYTES = 320
+TOKEN_BYTES = 8  # int64 ids: a batch's inputs and targets
 
 
 def check_factors(owner: str, factors: Any) -> tuple[float, ...]:
-    """``factors`` as a tuple of floats; a one-line error unless they are increasing positive numbers."""
+    """``factors`` as a tuple of floats; a one-line error unless increasing positive finite numbers."""
     if isinstance(factors, (str, bytes)) or not isinstance(factors, Sequence) or not factors:
         fail(owner, "factors", factors, "must be a non-empty list of increasing positive numbers")
     values = tuple(as_float(f) for f in factors)
-    if not values[0] > 0 or any(not b > a for a, b in itertools.pairwise(values)):
-        fail(owner, "factors", list(factors), "must be increasing positive numbers")
+    increasing = all(b > a for a, b in itertools.pairwise(values))
+    if not (values[0] > 0 and math.isfinite(values[-1]) and increasing):
+        fail(owner, "factors", list(factors), "must be increasing positive finite numbers")
     return values
 
 
@@ -63,6 +70,26 @@ def size_bins(train_length: int, factors: Sequence[float], min_size: int = 1) ->
         bins.append((low, high))
         previous = factor
     return bins
+
+
+def check_bins_fit(owner: str, task: Task, train_length: int, factors: Sequence[float], per_bin: int,
+                   batch_size: int, model: ModelConfig | None = None, device: torch.device | None = None,
+                   ) -> None:
+    """Refuse, before the first instance is drawn, an evaluation that cannot fit memory: the records of
+    ``per_bin`` instances in every bin (kept for the report), the widest batch of rows (the last bin's
+    largest instance) and, given the ``model``, a forward pass over that batch on ``device``. The
+    error names ``per_bin`` or ``factors``."""
+    bins = size_bins(train_length, factors, task.min_size)
+    cpu = torch.device("cpu")
+    check_fits(RECORD_BYTES * per_bin * len(bins), cpu,
+               f"keeping {len(bins)} bins x {per_bin:,} instance records", key=(owner, "per_bin", per_bin),
+               at_least=True)
+    rows, width = min(batch_size, per_bin), row_inputs(task, bins[-1][1])
+    key = (owner, "factors", list(factors))
+    check_fits(2 * TOKEN_BYTES * rows * width, cpu, f"a batch of {rows} {task.name} rows of {width:,} tokens "
+               f"(sizes up to {bins[-1][1]:,})", key=key, at_least=True)
+    if model is not None:
+        check_forward_fits(model, rows, width, device or cpu, key)
 
 
 def score_predictions(predicted: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
@@ -95,6 +122,7 @@ def evaluate_task(model, data: TaskData, *, factors: Sequence[float] = DEFAULT_F
                   dtype: str = "float32") -> list[dict[str, Any]]:
     """One entry per bin: its sizes, exact-match and per-token accuracy, and every instance's record."""
     device = next(model.parameters()).device
+    check_bins_fit("eval_task", data.task, data.train_length, factors, per_bin, batch_size, model.cfg, device)
     amp_dtype, _ = autocast_dtype(dtype, device)
     was_training = model.training
     model.eval()

@@ -23,7 +23,7 @@ from tokenizers import Tokenizer
 from nanoattn.config import ModelConfig
 from nanoattn.data.tokenizer import EOT
 from nanoattn.hf.formats import Family, family_for, read_hf_config
-from nanoattn.model import GPT
+from nanoattn.model import GPT, meta_model
 
 # Buffers some transformers versions saved with the weights; they are recomputed, never read.
 _IGNORED_TENSORS = re.compile(r"(\.attn\.(masked_)?bias|rotary_emb\.inv_freq)$")
@@ -143,6 +143,10 @@ def import_hf(path: str | Path, *, device: str | torch.device = "cpu") -> GPT:
     GPT-2 folder."""
     path = Path(path)
     family, cfg = _read_config(path)
+    try:  # config.json's sizes are not trusted: the weights must fit before any rule or tensor is read
+        meta = meta_model(cfg, device)
+    except ValueError as e:
+        raise ValueError(f"{path / 'config.json'}: {e}") from None
     # Older saves (the original GPT-2 upload) store the body without its prefix.
     tensors = {(k if k.startswith(family.prefix) or k == "lm_head.weight" else family.prefix + k): v
                for k, v in _read_tensors(path).items()}
@@ -168,18 +172,17 @@ def import_hf(path: str | Path, *, device: str | torch.device = "cpu") -> GPT:
     if unknown:
         raise ValueError(f"{path}: tensor {unknown[0]!r} ({len(unknown)} unexpected in all) has no place in "
                          f"nanoattn's {family.title} model")
-    _check_state(path, cfg, state)
+    _check_state(path, meta, state)
     with torch.device(device):
         model = GPT(cfg)
     model.load_state_dict({k: v.float() for k, v in state.items()}, strict=True)
     return model.eval()
 
 
-def _check_state(path: Path, cfg: ModelConfig, state: dict[str, torch.Tensor]) -> None:
-    """Shapes against a model on the meta device (no memory: config.json's sizes are not trusted
+def _check_state(path: Path, meta: GPT, state: dict[str, torch.Tensor]) -> None:
+    """Shapes against the model on the meta device (no memory: config.json's sizes are not trusted
     before the weights agree), then finiteness, each refused in one line."""
-    with torch.device("meta"):
-        expected = GPT(cfg).state_dict()
+    expected = meta.state_dict()
     for name, tensor in state.items():
         if tuple(tensor.shape) != tuple(expected[name].shape):
             shapes = f"{list(tensor.shape)} in the weights, {list(expected[name].shape)} in the config"

@@ -14,9 +14,24 @@ ending at the current one, as for a global layer.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
+from nanoattn.positional import REGISTRY
 from nanoattn.runtime import check_fits
+from nanoattn.validation import fail
+
+
+def check_streamable(cfg, owner: str, name: str, value: Any) -> None:
+    """StreamingLLM's one rule, asked of the encodings' capabilities: a ``StreamingCache`` moves
+    tokens to other positions as it evicts, which only positions applied inside attention allow;
+    an encoding that adds them to the embeddings (``acts_on_embeddings``: sinusoidal, learned)
+    has them baked into every cached value. Refused naming ``owner.name=value``."""
+    embedded = [encoding for encoding in cfg.encodings if REGISTRY[encoding].acts_on_embeddings]
+    if embedded:
+        fail(owner, name, value, f"needs positions inside attention, which the cache can move; "
+             f"pos={cfg.pos!r} adds them to the embeddings, where cached values keep them")
 
 
 class _LayerBuffers:

@@ -48,6 +48,7 @@ import yaml
 from nanoattn.checkpoint import (
     load_trainer_state,
     load_weights,
+    read_run_config,
     remove_stale_temps,
     resolve_checkpoint,
     save_checkpoint,
@@ -66,14 +67,13 @@ from nanoattn.train.run_dir import (
     check_run_tokenizer,
     check_same_run,
     locate_run,
-    read_run_config,
     resolve_init_from,
     run_directory_for,
     snapshot_tokenizer,
     undo_failed_start,
 )
 from nanoattn.train.signals import StopSignals
-from nanoattn.train.step import optimizer_step, wrap_for_training
+from nanoattn.train.step import check_step_fits, optimizer_step, wrap_for_training
 
 
 class TrainingDiverged(RuntimeError):
@@ -90,6 +90,7 @@ def train(cfg: RunConfig | dict[str, Any]) -> Path:
     """
     cfg = resolve_init_from(cfg)
     device = pick_device(cfg.train.device, "train.device")
+    check_step_fits(cfg, device)
     dist = distributed.init_distributed(device.type)
     if device.type == "cuda":
         device = torch.device("cuda", dist.local_rank)

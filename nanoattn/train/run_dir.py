@@ -24,8 +24,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from nanoattn.checkpoint import (
     CHECKPOINTS,
     LATEST,
@@ -126,16 +124,6 @@ def locate_run(out_dir: str | Path, resume: bool | str) -> tuple[Path, Path | No
                          f"{latest.name}: continuing it would mix two trajectories; delete the newer "
                          "checkpoints first, or use train.init_from with a new out_dir")
     return run_dir, ckpt
-
-
-def read_run_config(run_dir: Path) -> dict[str, Any]:
-    try:
-        saved = yaml.safe_load((run_dir / "config.yaml").read_text())
-    except (OSError, yaml.YAMLError) as e:
-        raise ValueError(f"{run_dir / 'config.yaml'} is unreadable: {str(e).splitlines()[0]}") from None
-    if not isinstance(saved, dict):
-        raise ValueError(f"{run_dir / 'config.yaml'} is not a run config (a YAML mapping)")
-    return saved
 
 
 def resolve_init_from(cfg: RunConfig | Mapping[str, Any]) -> RunConfig:

@@ -19,8 +19,36 @@ from typing import Any
 import torch
 from torch import nn
 
-from nanoattn.model import GPT
+from nanoattn.config import RunConfig
+from nanoattn.data.tasks import row_inputs
+from nanoattn.model import GPT, check_forward_fits, meta_model
 from nanoattn.positional import PositionalEncoding
+from nanoattn.tasks import TASKS
+from nanoattn.validation import declared_defaults, largest_departure
+
+TOKEN_BYTES = 8  # int64 ids: a batch's inputs and targets
+DEFAULTS = declared_defaults(RunConfig)
+
+
+def check_step_fits(cfg: RunConfig, device: torch.device) -> None:
+    """Refuse, before any data is read or any weight allocated, a run whose model or training step
+    cannot fit ``device`` (``nanoattn.model.memory``): the weights, then their gradients and a
+    step's activations over batch_size x seq_len tokens, seq_len a task run's largest row when the
+    task sets it. The error names the option further above its default: the batch, or the length's
+    source (``task.train_length``, ``train.seq_len``, ``model.max_seq_len``)."""
+    meta_model(cfg.model, device)
+    t, task = cfg.train, cfg.task
+    if task.name is not None and t.seq_len is None:
+        seq_len = row_inputs(task.build(), task.train_length)
+        length = ("task", "train_length", task.train_length, TASKS[task.name].train_length)
+    else:
+        seq_len, usual = cfg.seq_len, DEFAULTS["model"]["max_seq_len"]
+        source = ("train", "seq_len") if t.seq_len else ("model", "max_seq_len")
+        length = (*source, seq_len, usual)
+    sizes = {"batch_size": (t.batch_size, DEFAULTS["train"]["batch_size"]), "length": (length[2], length[3])}
+    key = ("train", "batch_size", t.batch_size) if largest_departure(sizes) == "batch_size" else length[:3]
+    check_forward_fits(cfg.model, t.batch_size, seq_len, device, key, training=True,
+                       extra=2 * TOKEN_BYTES * t.batch_size * seq_len)
 
 
 class LossModule(nn.Module):

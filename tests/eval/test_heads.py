@@ -452,6 +452,6 @@ def test_config_composes_and_the_script_reports_mistakes_in_one_line(run_dir, ev
     done = subprocess.run([sys.executable, str(ROOT / "scripts" / "analyze_heads.py"), f"ckpt={run_dir}",
                            "head=[5,0]"], capture_output=True, text=True, cwd=run_dir.parent)
     assert done.returncode == 1
-    assert done.stderr.strip() == ("error: head=[5, 0] is invalid: expected [layer, head] with "
+    assert done.stderr.strip() == ("error: analyze_heads.head=[5, 0] is invalid: expected [layer, head] with "
                                    "0 <= layer < 2 and 0 <= head < 4")
     assert sorted(p.name for p in run_dir.parent.iterdir()) == ["data", "docs", "run"]  # nothing littered

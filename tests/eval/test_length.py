@@ -202,7 +202,7 @@ def test_bfloat16_autocast_scores_close_to_float32():
     ({"ckpt": "r", "stride": 0}, "eval_length.stride=0 is invalid: must be a positive integer"),
     ({"ckpt": "r", "max_tokens": -1}, "eval_length.max_tokens=-1 is invalid"),
     ({"ckpt": "r", "lengths": [16, 0]}, "eval_length.lengths=0 is invalid"),
-    ({"ckpt": "r", "multiples": [1, -2]}, "eval_length.multiples=[1, -2] is invalid: -2 is not positive"),
+    ({"ckpt": "r", "multiples": [1, -2]}, "eval_length.multiples=[1, -2] is invalid: -2 is not a positive"),
     ({"ckpt": "r", "dtype": "half"}, "eval_length.dtype='half' is invalid: allowed: auto | float32"),
     ({"ckpt": "r", "device": "gpu"}, "eval_length.device='gpu' is invalid: allowed: auto | cpu"),
     ({"ckpt": "r", "rope_scaling": "yarn"}, "eval_length.rope_scaling='yarn' is invalid: must be a mapping"),

@@ -221,7 +221,7 @@ def test_filler_from_data_of_another_tokenizer_is_refused(prepared, tmp_path):
     ({"ckpt": "r", "depths": [0, 1.5]}, "eval_passkey.depths=[0, 1.5] is invalid: 1.5 is not in [0, 1]"),
     ({"ckpt": "r", "depths": []}, "eval_passkey.depths=[] is invalid: must be a non-empty list"),
     ({"ckpt": "r", "samples": 0}, "eval_passkey.samples=0 is invalid: must be a positive integer"),
-    ({"ckpt": "r", "seed": -1}, "eval_passkey.seed=-1 is invalid: must be a non-negative integer"),
+    ({"ckpt": "r", "seed": -1}, "eval_passkey.seed=-1 is invalid: must be an integer from 0 to 2**63 - 1"),
     ({"ckpt": "r", "batch_size": True}, "eval_passkey.batch_size=True is invalid: must be a positive"),
     ({"ckpt": "r", "depth": [0]}, "unknown key(s) eval_passkey.depth"),
 ])

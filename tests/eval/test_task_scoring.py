@@ -42,7 +42,7 @@ def test_bins_are_consecutive_size_ranges_from_half_the_training_length():
     assert size_bins(128, (1, 2), min_size=100) == [(100, 128), (129, 256)]
     with pytest.raises(ValueError, match=r"factor 1.1 of train_length=4 holds no size of its own"):
         size_bins(4, (1, 1.1))
-    with pytest.raises(ValueError, match=r"factors=\[2, 1\] is invalid: must be increasing positive numbers"):
+    with pytest.raises(ValueError, match=r"factors=\[2, 1\] is invalid: must be increasing positive finite"):
         size_bins(4, (2, 1))
 
 

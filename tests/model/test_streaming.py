@@ -6,13 +6,16 @@ at positions 0..n_sink + window - 1 (the paper's position assignment); for any d
 that still fits the cache equals plain cached decoding.
 """
 
+import re
+
 import pytest
 import torch
 
 from nanoattn import GPT, ModelConfig, generate
-from nanoattn.eval.length import score_length, score_streaming
+from nanoattn.eval.length import evaluate_lengths, score_length, score_streaming
 from nanoattn.generate import Decoding
 from nanoattn.model import StreamingCache
+from nanoattn.positional import REGISTRY
 
 SINKS, WINDOW, PROMPT = 2, 6, 5
 
@@ -107,9 +110,25 @@ def test_bad_streaming_options_are_one_line_errors(options, message):
     assert "\n" not in str(info.value)
 
 
-def test_streaming_refuses_positions_added_to_the_embeddings_and_oversized_pieces():
-    with pytest.raises(ValueError, match="pos='learned' adds them to the embeddings"):
-        generate(model("learned"), prompt(), 4, streaming=(2, 4))
+@pytest.mark.parametrize("pos", sorted(REGISTRY))
+def test_sampling_and_the_length_evaluation_share_one_streaming_rule_by_capability(pos):
+    """An encoding that adds positions to the embeddings (``acts_on_embeddings``) is refused for
+    StreamingLLM alike by sample.py's generate(streaming=...) and eval_length's mode=streaming, for
+    the same reason; every other encoding streams in both."""
+    net = model(pos)
+    stream = torch.randint(0, 64, (40,), generator=torch.Generator().manual_seed(1))
+    if REGISTRY[pos].acts_on_embeddings:
+        reason = f"needs positions inside attention, which the cache can move; pos='{pos}' adds them to the "
+        with pytest.raises(ValueError, match=re.escape(f"generate.streaming=(2, 4) is invalid: {reason}")):
+            generate(net, prompt(), 4, streaming=(2, 4))
+        with pytest.raises(ValueError, match=re.escape(f"length_eval.mode='streaming' is invalid: {reason}")):
+            evaluate_lengths(net, stream, [8], mode="streaming", n_sink=2)
+    else:
+        assert generate(net, prompt(), 4, streaming=(2, 4)).shape == (2, PROMPT + 4)
+        assert evaluate_lengths(net, stream, [8], mode="streaming", n_sink=2).results[0].ppl is not None
+
+
+def test_streaming_refuses_oversized_pieces():
     net = model()
     cache = StreamingCache(net.cfg, 2, SINKS, WINDOW)
     with torch.no_grad():

@@ -33,15 +33,15 @@ from nanoattn.commands.labs.driver import (
     train_runs,
     training_speed,
 )
-from nanoattn.config import ModelConfig
+from nanoattn.config import ModelConfig, TaskConfig
 from nanoattn.config.options import ATTENTION_VARIANTS, encoding_options
 from nanoattn.eval.plots import plot_length_curves, plot_passkey, plot_tasks
 from nanoattn.eval.results import Claim
 from nanoattn.eval.runs import is_path, scaling_tag
-from nanoattn.eval.tasks import DEFAULT_FACTORS, DEFAULT_PER_BIN, check_factors
+from nanoattn.eval.tasks import DEFAULT_FACTORS, DEFAULT_PER_BIN, check_bins_fit, check_factors
 from nanoattn.model import KVCache
 from nanoattn.tasks import TASKS
-from nanoattn.validation import check_bool, check_choice, check_non_negative_int, check_positive_int, fail
+from nanoattn.validation import check_bool, check_choice, check_positive_int, check_seed, fail
 
 # Zero-shot RoPE scalings of the extrapolation lab: factor 4 for each type, and 16 (the longest
 # length) for PI and YaRN, each evaluated on the RoPE runs.
@@ -104,7 +104,10 @@ class TaskLabConfig(LabRunsConfig):
                 check_choice(own, name, item, allowed)
         self.factors = list(check_factors(own, self.factors))
         check_positive_int(own, "per_bin", self.per_bin)
-        check_non_negative_int(own, "eval_seed", self.eval_seed)
+        check_seed(own, "eval_seed", self.eval_seed)
+        for name in self.tasks:  # at the task's own training length, as the lab trains it
+            task = TaskConfig(name=name)
+            check_bins_fit(own, task.build(), task.train_length, self.factors, self.per_bin, self.batch_size)
 
 
 def perplexity_report(cfg: LabRunsConfig, run: Path, row: Row) -> Report:

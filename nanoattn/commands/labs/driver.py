@@ -31,15 +31,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-import yaml
-
-from nanoattn.checkpoint import CheckpointError, read_checkpoint_config
+from nanoattn.checkpoint import CheckpointError, read_checkpoint_config, read_run_config
 from nanoattn.commands.eval_length import LengthEvalConfig
 from nanoattn.eval.results import Claim, check_page_output, git_state, record, render_page, write_page
 from nanoattn.eval.runs import is_path
 from nanoattn.logging import read_metrics
 from nanoattn.runtime import DTYPES, check_device_name
-from nanoattn.validation import check_bool, check_choice, check_non_negative_int, check_positive_int, fail
+from nanoattn.validation import check_bool, check_choice, check_positive_int, check_seed, fail
 
 
 @dataclass
@@ -61,9 +59,9 @@ class LabRunsConfig:
     def __post_init__(self) -> None:
         own = self.owner
         if isinstance(self.seeds, (str, bytes)) or not isinstance(self.seeds, Sequence) or not self.seeds:
-            fail(own, "seeds", self.seeds, "must be a non-empty list of non-negative integers")
+            fail(own, "seeds", self.seeds, "must be a non-empty list of seeds")
         for seed in self.seeds:
-            check_non_negative_int(own, "seeds", seed)
+            check_seed(own, "seeds", seed)
         if len(set(self.seeds)) != len(self.seeds):
             fail(own, "seeds", self.seeds, "must not repeat a seed")
         self.seeds = list(self.seeds)
@@ -124,8 +122,8 @@ def progress(run: Path) -> tuple[int | None, int | None]:
     except CheckpointError:
         step = None
     try:
-        last = yaml.safe_load((run / "config.yaml").read_text())["train"]["max_steps"]
-    except (OSError, yaml.YAMLError, KeyError, TypeError):
+        last = read_run_config(run, "train")["max_steps"]
+    except (ValueError, KeyError):
         last = None
     return step, last
 

@@ -1,0 +1,74 @@
+"""What a model of a config needs in memory, known before anything is allocated.
+
+Every entry point asks these before it builds a model or a batch, and refuses with
+``nanoattn.runtime.check_fits`` (one line naming the option) when the device cannot hold it:
+
+- ``meta_model``: the weights. A lower bound from the config alone first (``weights_at_least``),
+  so a config of 10**8 layers is refused without building one block; then the model on the
+  meta device (shapes, no memory) and its exact parameter count. Checkpoints and transformers
+  folders compare their weights' headers with this meta model before reading a tensor.
+- ``activation_bytes``: a lower bound on a forward pass over ``tokens`` (batch x length): the
+  residual stream and the MLP's hidden layer of one layer at once, in the narrowest dtype a
+  pass computes in (bfloat16 under autocast); with autograd every layer's are kept. The real
+  peak is higher (attention, logits, allocator slack): a size refused here cannot fit.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from nanoattn.config import ModelConfig
+from nanoattn.model.gpt import GPT
+from nanoattn.runtime import check_fits
+from nanoattn.validation import declared_defaults, largest_departure
+
+WEIGHT_BYTES = 4  # weights are float32 (autocast computes in bf16, it stores nothing narrower)
+ACTIVATION_BYTES = 2  # the narrowest element a forward pass computes in (bfloat16 autocast)
+DEFAULTS = declared_defaults(ModelConfig)
+
+
+def weights_at_least(cfg: ModelConfig) -> int:
+    """A lower bound on the parameters of ``GPT(cfg)`` from the config alone: the token table and,
+    in every layer, an output projection (d_model x d_model) and an MLP of at least two
+    d_model x ffn_dim matrices, whatever the attention variant and the encoding."""
+    per_layer = cfg.d_model * cfg.d_model + 2 * cfg.d_model * cfg.ffn_dim
+    return cfg.vocab_size * cfg.d_model + cfg.n_layer * per_layer
+
+
+def meta_model(cfg: ModelConfig, device: torch.device | str = "cpu", *, owner: str = "model") -> GPT:
+    """``GPT(cfg)`` on the meta device, once its weights are known to fit ``device``'s memory.
+
+    Refused in one line naming the field (``<owner>.n_layer=... is invalid: ...``) by the lower
+    bound before any block is built, then by the exact count.
+    """
+    device = torch.device(device)
+    sizes = {name: (getattr(cfg, name), DEFAULTS[name]) for name in ("n_layer", "d_model", "vocab_size")}
+    name = largest_departure(sizes)
+    key = (owner, name, getattr(cfg, name))
+    shape = ", ".join(f"{n}={value:,}" for n, (value, _) in sizes.items())
+    check_fits(WEIGHT_BYTES * weights_at_least(cfg), device, f"a model of {shape}", key=key, at_least=True)
+    with torch.device("meta"):
+        model = GPT(cfg)
+    count = model.num_params()
+    check_fits(WEIGHT_BYTES * count, device, f"a model of {shape} ({count:,} parameters)", key=key)
+    return model
+
+
+def activation_bytes(cfg: ModelConfig, tokens: int, *, training: bool = False) -> int:
+    """A lower bound on the activations of a forward pass over ``tokens`` (see the module docstring)."""
+    per_token = ACTIVATION_BYTES * (cfg.d_model + cfg.ffn_dim)
+    return tokens * per_token * (cfg.n_layer if training else 1)
+
+
+def check_forward_fits(cfg: ModelConfig, batch_size: int, seq_len: int, device: torch.device,
+                       key: tuple[str, str, Any], *, training: bool = False, extra: int = 0) -> None:
+    """Refuse a forward pass (with ``training``, a training step: the weights, their gradients and
+    every layer's activations) over ``batch_size`` x ``seq_len`` tokens that cannot fit ``device``;
+    ``extra`` bytes (the batch itself, kept results) count too."""
+    need = activation_bytes(cfg, batch_size * seq_len, training=training) + extra
+    if training:
+        need += 2 * WEIGHT_BYTES * weights_at_least(cfg)
+    what = f"{'a training step' if training else 'a forward pass'} over {batch_size:,} x {seq_len:,} tokens"
+    check_fits(need, device, what, key=key, at_least=True)
