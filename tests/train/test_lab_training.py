@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+import time
+
 import pytest
 
 from nanoattn.commands.labs import LABS, TaskLabConfig, is_finished, run_lab, train_runs
@@ -54,3 +59,24 @@ def test_the_task_lab_trains_every_pair_at_every_seed_then_publishes_its_page(tm
     assert (tmp_path / "runs" / "tasks.md").is_file() and (tmp_path / "runs" / "tasks.png").is_file()
     for seed in (0, 1):
         assert (tmp_path / "runs" / "copy" / "nope" / f"seed{seed}" / "task_eval.json").is_file()
+
+
+def test_sigterm_to_a_lab_stops_its_trainings_which_save_and_a_rerun_resumes_them(tmp_path, tiny_config,
+                                                                                   as_overrides, trainer):
+    overrides = lab_overrides(tiny_config, as_overrides, tmp_path, "model.n_layer=", max_steps=400,
+                              ckpt_interval=0)
+    run = tmp_path / "runs" / "rope" / "seed0"
+    script = (f"import sys; from pathlib import Path; from nanoattn.commands.labs import train_runs; "
+              f"train_runs({list(trainer)!r}, 'extrapolation', {{Path({str(run)!r}): ['pos=rope']}}, 1, "
+              f"{overrides!r})")
+    lab = subprocess.Popen([sys.executable, "-c", script])
+    deadline = time.monotonic() + 120
+    while not (run / "metrics.jsonl").is_file() or not (run / "metrics.jsonl").read_text():
+        assert time.monotonic() < deadline and lab.poll() is None
+        time.sleep(0.2)
+    lab.terminate()
+    assert lab.wait(timeout=120) != 0
+    # The training child saved where it stopped (its only checkpoint: ckpt_interval=0) and is unfinished.
+    step = json.loads((run / "checkpoints" / (run / "checkpoints" / "latest").read_text().strip()
+                       / "config.json").read_text())["step"]
+    assert 0 < step < 400 and not is_finished(run)

@@ -147,6 +147,11 @@ def train_runs(trainer: Sequence[str], experiment: str, jobs: Mapping[Path, Sequ
     pending = [run for run in jobs if not is_finished(run)]
     running: dict[Path, tuple[subprocess.Popen, Any, float]] = {}
     failed = []
+
+    def interrupted(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt  # SIGTERM would end the lab without its finally, orphaning the trainings
+
+    previous = signal.signal(signal.SIGTERM, interrupted)
     try:
         while pending or running:
             while pending and len(running) < workers:
@@ -169,6 +174,7 @@ def train_runs(trainer: Sequence[str], experiment: str, jobs: Mapping[Path, Sequ
                     if process.returncode or not done:
                         failed.append(run)
     finally:
+        signal.signal(signal.SIGTERM, previous)
         for process, _, _ in running.values():
             process.send_signal(signal.SIGINT)  # the trainer saves a checkpoint and exits
         for process, log, _ in running.values():
