@@ -85,9 +85,6 @@ def test_a_lab_publishes_every_seed_with_intervals_and_never_an_unfinished_run(p
     assert "| alibi | unfinished: seed 1 at step 40 of 100 | — |" in text
     assert (runs / "extrapolation.png").stat().st_size > 10_000
     assert "lab done in" in capsys.readouterr().out
-    # out= publishes elsewhere.
-    run_lab(lab, dataclasses.replace(cfg, out=str(tmp_path / "published")), trainer=())
-    assert (tmp_path / "published" / "extrapolation.md").is_file()
 
 
 def test_the_attention_lab_prices_each_variant(prepared, tmp_path):
@@ -95,7 +92,10 @@ def test_the_attention_lab_prices_each_variant(prepared, tmp_path):
     runs = tmp_path / "runs"
     save_run(runs / "plain" / "seed0", prepared, seed=0)
     save_run(runs / "mla" / "seed0", prepared, seed=0, mla_kv_rank=8, mla_rope_dim=4, n_kv_head=4)
-    page = run_lab(lab, AttentionLabConfig(runs_root=str(runs), seeds=[0], max_tokens=256), trainer=())
+    published = tmp_path / "published"  # out= puts the page elsewhere than beside the runs
+    cfg = AttentionLabConfig(runs_root=str(runs), seeds=[0], max_tokens=256, out=str(published))
+    page = run_lab(lab, cfg, trainer=())
+    assert (published / "attention.md").is_file() and not (runs / "attention.md").exists()
     rows = {row["label"]: row["values"] for row in page["rows"]}
     # float32 per token, both layers: 2 x (K + V) x 2 K/V heads x 8 dims x 4 bytes = 256; the latent:
     # 2 layers x (rank 8 + rope dim 4) x 4 bytes = 96.
