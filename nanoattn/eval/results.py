@@ -193,18 +193,25 @@ def header_lines(page: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def seeds_line(seeds: Sequence[int]) -> str:
+    if len(seeds) < 2:
+        return (f"- seed: {', '.join(map(str, seeds))}; one seed gives no interval, so each cell is that "
+                "run's value and no claim can be decided")
+    return (f"- seeds: {', '.join(map(str, seeds))}; each cell is the mean ± the half-width of its "
+            f"{CONFIDENCE:.0%} interval (Student t over the seeds)")
+
+
 def render_page(page: Mapping[str, Any]) -> str:
     """The markdown page of a record."""
     columns = list(dict.fromkeys(c for row in page["rows"] for c in row["values"]))
     with_status = any(row["status"] for row in page["rows"])
-    table = format_table(
-        ["row", *(["status"] if with_status else []), *columns],
-        ([row["label"], *([row["status"] or ""] if with_status else []),
-          *(cell(row["summary"][c]) if c in row["values"] and not row["status"] else "—" for c in columns)]
-         for row in page["rows"]))
+    header = ["row", *(["status"] if with_status else []), *columns]
+    rows = ([row["label"], *([row["status"] or ""] if with_status else []),
+             *(cell(row["summary"][c]) if c in row["values"] and not row["status"] else "—" for c in columns)]
+            for row in page["rows"])
+    table = format_table(header, rows, "l" * (1 + with_status) + "r" * len(columns))
     lines = [*header_lines(page),
-             f"- seeds: {', '.join(map(str, page['seeds']))}; each cell is the mean ± the half-width of its "
-             f"{CONFIDENCE:.0%} interval (Student t over the seeds)", "", table.rstrip("\n")]
+             seeds_line(page["seeds"]), "", table.rstrip("\n")]
     if page["findings"]:
         rows = []
         for f in page["findings"]:
