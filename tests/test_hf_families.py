@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from hf_support import model, perturb_
+from hf_support import BASE, LONG, ORIGINAL, VOCAB, load_transformers, logits_diff, model, perturb_, tokens
 from transformers import (
     AutoModelForCausalLM,
     Llama4ForCausalLM,
@@ -35,12 +35,7 @@ from nanoattn import GPT, ModelConfig, generate
 from nanoattn.hf import export_hf, import_hf
 from nanoattn.positional import REGISTRY
 
-VOCAB = 97
-ORIGINAL = 32  # RoPE models' training context
-LONG = 80  # the evaluation length: 2.5x past it
 ATOL = 1e-5
-BASE = dict(vocab_size=VOCAB, d_model=64, n_layer=4, n_head=4, n_kv_head=2, d_ff=96, max_seq_len=ORIGINAL,
-            norm="rmsnorm", mlp="swiglu")
 # Llama 4's iRoPE with its query temperature acting from position 7 on (x2.2 at position 79).
 IROPE = dict(BASE, pos=["rope", "rope", "rope", "nope"], temperature_floor_scale=8,
              temperature_attn_scale=0.5)
@@ -52,21 +47,6 @@ def longrope(fraction: float = 1.0, **extra) -> dict:
     pairs = PAIRS[fraction]
     return {"type": "longrope", "factor": 4.0, "short_factor": [1.0 + 0.1 * i for i in range(pairs)],
             "long_factor": [1.0 + 3.0 * i / (pairs - 1) for i in range(pairs)], **extra}
-
-
-def tokens(length: int = LONG, batch: int = 2) -> torch.Tensor:
-    return torch.randint(0, VOCAB, (batch, length), generator=torch.Generator().manual_seed(1))
-
-
-def load_transformers(path: Path, attn_implementation: str = "eager", **overrides):
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
-                                                attn_implementation=attn_implementation, **overrides).eval()
-
-
-def logits_diff(ours: GPT, theirs, length: int = LONG) -> float:
-    idx = tokens(length)
-    with torch.no_grad():
-        return (ours(idx) - theirs(idx).logits).abs().max().item()
 
 
 def assert_same_weights(a: GPT, b: GPT) -> None:
