@@ -18,6 +18,7 @@ from x_transformers.x_transformers import Attention as XAttention
 
 from nanoattn import GPT, ModelConfig, generate
 from nanoattn.model import Attention
+from nanoattn.model import attention as attention_module
 from nanoattn.model.gates import Canon
 from nanoattn.model.gpt import shift_tokens
 from nanoattn.positional import build_positional
@@ -243,6 +244,27 @@ def test_canon_decodes_exactly_from_a_prompt_shorter_than_its_width():
     idx = torch.randint(0, 64, (2, 1))
     assert torch.equal(generate(model, idx, 20, temperature=0), generate(model, idx, 20, temperature=0,
                                                                          use_cache=False))
+
+
+# --- all four -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fields", [dict(attn_gate="headwise"), dict(ssmax=True), dict(xsa=True),
+                                    dict(canon=4)], ids=["gate", "ssmax", "xsa", "canon"])
+def test_each_keeps_sdpas_causal_kernel_so_memory_stays_linear_in_the_length(monkeypatch, fields):
+    """A long input goes through SDPA's causal kernel, no mask or [T, T] scores built."""
+    calls = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(q, k, v, attn_mask=None, is_causal=False, **options):
+        calls.append((q.shape[2], attn_mask is None, is_causal))
+        return sdpa(q, k, v, attn_mask=attn_mask, is_causal=is_causal, **options)
+
+    monkeypatch.setattr(attention_module.F, "scaled_dot_product_attention", spy)
+    model = GPT(ModelConfig(vocab_size=50, d_model=32, n_layer=2, n_head=4, n_kv_head=2, **fields)).eval()
+    with torch.no_grad():
+        model(torch.randint(0, 50, (1, 2048)))
+    assert calls == [(2048, True, True)] * 2
 
 
 # --- configuration ----------------------------------------------------------------------------------------
