@@ -6,9 +6,9 @@
   input). ``headwise``: one gate per head, W_g of d_model x heads; ``elementwise``: one per channel,
   d_model x d_model. Qwen3-Next computes the elementwise form with W_g's rows interleaved with the
   query rows of its ``q_proj`` (head h's [q_h | g_h]); x-transformers' ``gate_values=True`` (with
-  ``gate_values_headwise`` for one gate per head) is the same function with W_g started at zero,
-  where ours is drawn like every projection. With differential attention a head is a pair, gated
-  as one.
+  ``gate_values_headwise`` for one gate per head) is the same function with W_g started at zero
+  and without a bias, where ours is drawn like every projection and has a bias with ``bias``.
+  With differential attention a head is a pair, gated as one.
 - ``ScalableSoftmax`` (``ssmax``): Nakanishi 2025, "Scalable-Softmax Is Superior for Attention"
   (arXiv:2501.19399): the softmax over n logits z becomes softmax((s log n) z), s learned per
   head and layer, n the keys the query sees: position + 1 under the causal mask, at most the
@@ -25,10 +25,10 @@
 - ``ExcludeSelf`` (``xsa``): exclusive self-attention, Zhai 2026 (arXiv:2603.09078): z_i = y_i -
   (y_i . v_i / |v_i|^2) v_i, each head's output minus its projection on the token's own value (with
   GQA, the value of the head's K/V group; with value embeddings, the mixed value the cache holds).
-  The fixed form of the paper; modded-nanogpt's record (PR #264) learns a strength per layer and
-  head, started at 0, that multiplies the subtracted projection. It acts on the attention's output
-  before the gate, so the maps are unchanged and the cache needs nothing (the newest values are
-  the tokens' own).
+  This is the paper's fixed form; modded-nanogpt's record (PR #264, "gated XSA") instead learns a
+  gate per layer and head on the subtracted projection, started at 0 (plain attention). It acts
+  on the attention's output before the output gate, so the maps are unchanged and the cache needs
+  nothing (the newest values are the tokens' own).
 - ``Canon`` (``canon``): canon layers, Allen-Zhu 2025, "Physics of Language Models: Part 4.1"
   (arXiv:2512.17351), at the Canon-A place: h_t + sum_j w_j * h_{t-j}, j = 0 .. width - 1, a causal
   depthwise convolution with a residual over the normalised input of each attention block, no
