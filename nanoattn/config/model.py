@@ -31,6 +31,7 @@ NORMS = ("layernorm", "rmsnorm")
 MLPS = ("gelu", "swiglu", "relu2")
 QK_NORMS = ("none", "before_rope", "after_rope")
 ATTN_KERNELS = ("auto", "sdpa")
+ATTN_GATES = ("none", "headwise", "elementwise")
 # Fields read only by the encodings that use them; checked here for their type whatever the model's
 # pos, and by the encoding's ``check_config`` for its own rules when the model uses it.
 ENCODING_INTS = ("t5_num_buckets", "t5_max_distance", "fire_mlp_width", "cope_npos_max")
@@ -83,6 +84,16 @@ class ModelConfig:
     # Token shift (RWKV, modded-nanogpt's smear): each token's embedding plus a learned per-channel gate
     # (from 0) times its predecessor's, so the first layer sees the previous token without attention.
     token_shift: bool = False
+    # Gated attention (Qiu et al. 2025, G1; Qwen3-Next): sigmoid(x W_g) multiplies each head's output
+    # before W_O, one gate per head (headwise) or per channel (elementwise); x the attention's input.
+    attn_gate: str = "none"  # none | headwise | elementwise
+    # Scalable-Softmax (Nakanishi 2025): logits times s_h log n, n the keys a query sees, s_h learned.
+    ssmax: bool = False
+    # Exclusive self-attention (Zhai 2026): each output minus its projection on the token's own value.
+    xsa: bool = False
+    # Canon layers (Allen-Zhu 2025, Canon-A): 0 = off; else the width of a causal depthwise convolution,
+    # with a residual, of every attention block's normalised input (token shift: width 2, on the embeddings).
+    canon: int = 0
     # How attention is computed, the same function either way: auto (on CPU in bf16 with up to 512 keys,
     # two bf16 matmuls and a softmax, faster there; else SDPA) | sdpa (SDPA wherever it can compute it).
     attn_kernel: str = "auto"
@@ -116,6 +127,7 @@ class ModelConfig:
         self._check_mla()
         self._check_sliding_window()
         self._check_value_embeds()
+        self._check_output_variants()
         for name in ("attn_softcap", "logit_softcap"):
             value = getattr(self, name)
             if value is None:
@@ -209,6 +221,18 @@ class ModelConfig:
         if self.value_embeds and self.mla_kv_rank is not None:
             fail("model", "value_embeds", self.value_embeds, "must be 0 with mla_kv_rank (latent attention's "
                  "values come from its cached latent)")
+
+    def _check_output_variants(self) -> None:
+        """The gate, Scalable-Softmax, exclusive self-attention and canon layers (``model/gates.py``)."""
+        check_choice("model", "attn_gate", self.attn_gate, ATTN_GATES)
+        for name in ("ssmax", "xsa"):
+            check_bool("model", name, getattr(self, name))
+        if not (is_int(self.canon) and self.canon != 1 and self.canon >= 0):
+            fail("model", "canon", self.canon, "must be 0 (off) or a convolution width of at least 2 (the "
+                 "token and width - 1 before it)")
+        if self.xsa and self.diff_attn:
+            fail("model", "xsa", self.xsa, "cannot be combined with diff_attn=True: a differential head is "
+                 "RMSNorm((A1 - lambda A2) V) over a pair of values, which neither paper excludes one from")
 
     @property
     def layer_value_embed(self) -> tuple[int | None, ...]:

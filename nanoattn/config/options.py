@@ -61,6 +61,10 @@ ATTENTION_VARIANTS: dict[str, Fields] = {
     "mla": dict(mla_kv_rank=32, mla_rope_dim=16, n_kv_head=None),
     "value_embeds": dict(value_embeds=2),  # modded-nanogpt: token tables mixed into the values
     "token_shift": dict(token_shift=True),  # RWKV, modded-nanogpt's smear: a gated copy of the predecessor
+    "gate": dict(attn_gate="elementwise"),  # Qiu et al. 2025 (G1), Qwen3-Next: sigmoid gates on the heads
+    "ssmax": dict(ssmax=True),  # Nakanishi 2025: logits times a learned s_h log(keys seen)
+    "xsa": dict(xsa=True),  # Zhai 2026: each output minus its projection on the token's own value
+    "canon": dict(canon=4),  # Allen-Zhu 2025 (Canon-A): a width-4 causal depthwise convolution, residual
 }
 
 

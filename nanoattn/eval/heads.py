@@ -22,6 +22,11 @@ Design choices:
   removal) and masks the k lowest, over all heads ("global") or the same number in every layer.
 - In GQA/MQA a mask removes one query head's output; the K/V head it shares keeps serving the
   other query heads of its group.
+- Variants with a statistic of their own get it from ``variant_statistics``, read off forward
+  hooks on the variant's pieces (``model/gates.py``) during the fast path or off its parameters:
+  the output gate's mean value per head and the share of heads it keeps near 0, Scalable-Softmax's
+  learned s and its factor at the windows' length, the share of each head's output that exclusive
+  self-attention removes, the canon taps by distance.
 - This module measures a model on batches; the figures are ``plots.py``, and loading a run,
   choosing its windows and writing heads.json is ``nanoattn.commands.analyze_heads``.
 """
@@ -51,6 +56,8 @@ DELIMITER_MASS = 0.5
 LOCAL_MAX_OFFSET = 4.0
 # "broad": entropy / ln(keys the query sees) at least this; 1 is uniform over the whole prefix.
 BROAD_MIN_ENTROPY = 0.6
+# attn_gate: a head whose gate averages below this is counted as switched off (its output mostly 0).
+GATE_NEAR_ZERO = 0.1
 KINDS = ("first_token", "previous_token", "current_token", "delimiter", "local", "broad", "mixed")
 PRUNE_SCOPES = ("global", "layer")
 STATISTICS = ("entropy", "normalized_entropy", "mean_offset", "prev_token_mass", "first_token_mass",
@@ -193,6 +200,75 @@ def head_statistics(model: GPT, batches: Sequence[Batch], delimiters: Iterable[i
             records.append({"layer": layer, "head": head, "kv_group": head // group,
                             "kind": classify_head(stats), **stats})
     return records
+
+
+@torch.no_grad()
+def variant_statistics(model: GPT, batches: Sequence[Batch]) -> dict[str, dict[str, Any]]:
+    """The own statistic of each variant the model uses, by name ({} for none); per head and layer
+    as lists [n_layer][heads], averaged like ``head_statistics`` over queries ``FIRST_QUERY``..
+
+    - ``attn_gate``: ``mean_gate`` (each head's gate averaged over its channels), its ``mean`` and
+      ``near_zero``, the fraction of heads whose mean gate is below ``GATE_NEAR_ZERO``;
+    - ``ssmax``: the learned ``s`` per query head and ``factor``, s log n at the windows' last query;
+    - ``xsa``: ``removed`` per query head, cos^2 between each output y_i and the token's value v_i:
+      the share of |y_i|^2 that the exclusion takes out; and its ``mean``;
+    - ``canon``: ``taps``, the mean |weight| per layer at distance 0 (the token), 1, ... back.
+    """
+    _check_batches(batches)
+    cfg, seq_len = model.cfg, batches[0][0].shape[1]
+    attentions = [block.attn for block in model.blocks]
+    sums = {"gate": torch.zeros(cfg.n_layer, cfg.attention_heads, dtype=torch.float64),
+            "removed": torch.zeros(cfg.n_layer, cfg.n_head, dtype=torch.float64)}
+    q = slice(FIRST_QUERY, None)
+
+    def gate_hook(layer: int):
+        def hook(module, args, logits):  # logits [B, T, heads or heads * Dv]
+            B, T, _ = logits.shape
+            gates = torch.sigmoid(logits.float()).view(B, T, cfg.attention_heads, -1).mean(-1)  # [B, T, H]
+            sums["gate"][layer] += gates[:, q].sum((0, 1)).double().cpu()
+        return hook
+
+    def removed_hook(layer: int):
+        def hook(module, args, out):
+            y, v = (t.float() for t in args)  # [B, H, T, Dv], [B, Hkv, T, Dv]
+            B, H, T, Dv = y.shape
+            grouped = y.reshape(B, v.shape[1], -1, T, Dv)
+            along = (grouped * torch.nn.functional.normalize(v, dim=-1)[:, :, None]).sum(-1)  # [B, Hkv, G, T]
+            share = (along.square() / grouped.square().sum(-1).clamp(min=1e-30)).reshape(B, H, T)
+            sums["removed"][layer] += share[..., q].sum((0, 2)).double().cpu()
+        return hook
+
+    hooks = []
+    for layer, attn in enumerate(attentions):
+        if attn.output_gate is not None:
+            hooks.append(attn.output_gate.proj.register_forward_hook(gate_hook(layer)))
+        if attn.exclude_self is not None:
+            hooks.append(attn.exclude_self.register_forward_hook(removed_hook(layer)))
+    queries = 0
+    try:
+        for x, _ in batches if hooks else ():
+            model.hidden_states(x)
+            queries += x.shape[0] * (x.shape[1] - FIRST_QUERY)
+    finally:
+        for handle in hooks:
+            handle.remove()
+    stats: dict[str, dict[str, Any]] = {}
+    if cfg.attn_gate != "none":
+        gate = sums["gate"] / queries
+        stats["attn_gate"] = {"mean_gate": gate.tolist(), "mean": float(gate.mean()),
+                              "near_zero": float((gate < GATE_NEAR_ZERO).double().mean())}
+    if cfg.ssmax:
+        last = torch.tensor([seq_len - 1], device=batches[0][0].device)
+        stats["ssmax"] = {"s": [attn.ssmax.s.tolist() for attn in attentions],
+                          "factor": [(attn.ssmax.s * attn.ssmax.keys_seen(last).float().log()).tolist()
+                                     for attn in attentions]}
+    if cfg.xsa:
+        removed = sums["removed"] / queries
+        stats["xsa"] = {"removed": removed.tolist(), "mean": float(removed.mean())}
+    if cfg.canon:
+        stats["canon"] = {"taps": [block.canon.weight.abs().mean(0).flip(0).tolist()
+                                   for block in model.blocks]}
+    return stats
 
 
 # ---------------------------------------------------------------------------------------------------------

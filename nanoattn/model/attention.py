@@ -32,6 +32,9 @@ Design:
 - Value embeddings (modded-nanogpt): a layer given a token table's rows (``GPT`` looks them up)
   mixes them into its new values, v = a v + b e[token] with learned (a, b), before the cache
   stores them, so cached decoding stays exact.
+- Around the softmax (``gates.py``), for every attention: Scalable-Softmax scales the queries,
+  exclusive self-attention takes each output's projection on its token's own value out, and the
+  output gate multiplies the heads, in that order, before ``head_mask`` and W_O.
 - The positional encoding is the layer's own (``GPT`` hands it ``pos.for_layer(layer)``) and is
   asked for what it does (``rotate``, ``scale_queries``, ``scale_keys``, ``bias``); this module
   never branches on its name.
@@ -47,6 +50,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from nanoattn.model.cache import KVCache, StreamingCache
+from nanoattn.model.gates import ExcludeSelf, OutputGate, ScalableSoftmax
 from nanoattn.model.layers import dropout
 from nanoattn.positional.base import PositionalEncoding
 
@@ -103,6 +107,9 @@ class CausalAttention(nn.Module, abc.ABC):
         # When a tensor (GPT.max_attention_logit sets it), attention runs explicitly in query chunks
         # and keeps the largest |q.k| / sqrt(d) of a visible key here, before any cap.
         self.largest_logit: torch.Tensor | None = None
+        self.ssmax = ScalableSoftmax(cfg, self.window) if cfg.ssmax else None
+        self.exclude_self = ExcludeSelf() if cfg.xsa else None
+        self.output_gate = OutputGate(cfg) if cfg.attn_gate != "none" else None
 
     def forward(
         self,
@@ -122,7 +129,13 @@ class CausalAttention(nn.Module, abc.ABC):
         Also returns the attention weights [B, heads, T, T_k] when ``return_weights`` (slow path).
         """
         q, k, v, k_positions = self._qkv(x, pos, positions, seq_len, cache, layer, value_embed)
+        if self.ssmax is not None:
+            q = self.ssmax(q, positions)
         y, weights = self._heads(q, k, v, positions, k_positions, pos, layer, return_weights)
+        if self.exclude_self is not None:
+            y = self.exclude_self(y, v[:, :, -x.shape[1]:])  # the new tokens' own values, the newest
+        if self.output_gate is not None:
+            y = self.output_gate(x, y)
         return self._project(y, head_mask), weights
 
     @abc.abstractmethod

@@ -43,10 +43,13 @@ class _LayerBuffers:
     v: list[torch.Tensor]
     # With token_shift: the newest cached token's embedding [B, 1, d_model], the next token's predecessor.
     last_embedding: torch.Tensor | None = None
+    # With canon layers: each layer's newest canon - 1 inputs [B, canon - 1, d_model] (gates.Canon).
+    canon_inputs: list[torch.Tensor | None]
 
     def _allocate(self, cfg, batch_size: int, slots: list[int], device, dtype: torch.dtype,
                   what: str) -> None:
         device = torch.device(device) if device is not None else torch.get_default_device()
+        self.canon_inputs = [None] * cfg.n_layer
         if cfg.mla_kv_rank is None:
             widths = ((cfg.n_kv_head, cfg.head_dim), (cfg.n_kv_head, cfg.head_dim))
         else:

@@ -32,6 +32,7 @@ from nanoattn.data.tokenizer import build_tokenizer
 from nanoattn.eval.heads import (
     BROAD_MIN_ENTROPY,
     FIRST_QUERY,
+    GATE_NEAR_ZERO,
     LOCAL_MAX_OFFSET,
     POSITIONAL_MASS,
     ablation_importance,
@@ -45,6 +46,7 @@ from nanoattn.eval.heads import (
     prune_heads,
     pruning_curve,
     query_statistics,
+    variant_statistics,
 )
 from nanoattn.eval.plots import plot_attention_grid, plot_attention_head
 from nanoattn.eval.runs import load_for_eval, run_data_dir
@@ -125,6 +127,65 @@ def check_maps(model: GPT) -> None:
             else:
                 torch.testing.assert_close(w.sum(-1), torch.ones(2, heads, 24))
             assert (w.triu(1) == 0).all()  # causal
+
+
+# --- each variant's own statistic ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["headwise", "elementwise"])
+def test_the_gate_statistic_is_each_heads_mean_gate_and_the_share_near_zero(mode):
+    """W_g = 0 with a bias of -10 on layer 0's head 1 (every channel of it, elementwise): that head's
+    gate is sigmoid(-10) whatever the input, every other one sigmoid(0) = 0.5."""
+    model = small_model(2, bias=True, attn_gate=mode)
+    with torch.no_grad():
+        for block in model.blocks:
+            block.attn.output_gate.proj.weight.zero_()
+        bias = model.blocks[0].attn.output_gate.proj.bias
+        bias.view(4, -1)[1] = -10.0
+    stats = variant_statistics(model, random_batches())
+    assert list(stats) == ["attn_gate"]
+    expected = torch.full((2, 4), 0.5, dtype=torch.float64)
+    expected[0, 1] = torch.sigmoid(torch.tensor(-10.0, dtype=torch.float64))
+    torch.testing.assert_close(torch.tensor(stats["attn_gate"]["mean_gate"], dtype=torch.float64), expected)
+    assert stats["attn_gate"]["near_zero"] == 1 / 8 and expected[0, 1] < GATE_NEAR_ZERO
+    assert stats["attn_gate"]["mean"] == pytest.approx(float(expected.mean()))
+
+
+def test_the_xsa_statistic_is_the_squared_cosine_of_each_output_with_its_own_value():
+    """One layer without positions, written out: y_i = sum_j a_ij v_j per head, then cos^2(y_i, v_i)
+    (v_i of the head's K/V group) averaged over the queries from FIRST_QUERY on."""
+    model = small_model(2, n_layer=1, pos="nope", xsa=True, init_std=0.2)
+    batches = random_batches()
+    shares = []
+    with torch.no_grad():
+        for x, _ in batches:
+            h = model.blocks[0].attn_norm(model.tok_emb(x)).double()
+            q, k, v = (h @ model.blocks[0].attn.qkv.weight.double().T).split([32, 16, 16], dim=-1)
+            q, k, v = (t.view(2, 16, -1, 8).transpose(1, 2) for t in (q, k, v))
+            k, v = k.repeat_interleave(2, 1), v.repeat_interleave(2, 1)  # [B, 4, T, 8]
+            future = torch.ones(16, 16, dtype=torch.bool).triu(1)
+            y = torch.softmax((q @ k.transpose(-2, -1) / 8 ** 0.5).masked_fill(future, -math.inf), -1) @ v
+            cos = (y * v).sum(-1) / (y.norm(dim=-1) * v.norm(dim=-1))  # [B, 4, T]
+            shares.append(cos.square()[..., FIRST_QUERY:])
+    expected = torch.cat(shares).mean((0, 2))  # [4]
+    stats = variant_statistics(model, batches)["xsa"]
+    torch.testing.assert_close(torch.tensor(stats["removed"][0], dtype=torch.float64), expected)
+    assert 0 < stats["mean"] < 1
+
+
+def test_the_ssmax_and_canon_statistics_read_their_parameters():
+    """s per query head, and s log n at the windows' last query: n = 16 keys, or the 6 of a window."""
+    model = small_model(2, ssmax=True, sliding_window=[6, None], canon=3)
+    with torch.no_grad():
+        model.blocks[0].attn.ssmax.s.copy_(torch.tensor([0.1, 0.2, 0.3, 0.4]))
+    stats = variant_statistics(model, random_batches(seq_len=16))
+    assert list(stats) == ["ssmax", "canon"]
+    assert stats["ssmax"]["s"][0] == pytest.approx([0.1, 0.2, 0.3, 0.4])
+    assert stats["ssmax"]["factor"][0] == pytest.approx([s * math.log(6) for s in (0.1, 0.2, 0.3, 0.4)])
+    assert stats["ssmax"]["factor"][1] == pytest.approx([math.log(16) / math.log(32)] * 4)  # s from 1/log 32
+    weight = model.blocks[1].canon.weight  # [d_model, 3], the last tap the token itself
+    assert stats["canon"]["taps"][1] == pytest.approx(weight.abs().mean(0).flip(0).tolist())
+    assert variant_statistics(small_model(), random_batches()) == {}
 
 
 # --- a model with known heads ---------------------------------------------------------------------------
