@@ -61,6 +61,11 @@ ATTENTION_VARIANTS: dict[str, Fields] = {
     "mla": dict(mla_kv_rank=32, mla_rope_dim=16, n_kv_head=None),
     "value_embeds": dict(value_embeds=2),  # modded-nanogpt: token tables mixed into the values
     "token_shift": dict(token_shift=True),  # RWKV, modded-nanogpt's smear: a gated copy of the predecessor
+    # FoX (Lin et al. 2025): a data-dependent forget gate decays the scores; NoPE, the paper's setting.
+    "fox": dict(forget_gate=True, pos="nope"),
+    # Tan et al. 2025: each earlier key takes sigma(s) of what the nearer keys left; NoPE, as the paper.
+    "stick_breaking": dict(attn_fn="stick_breaking", pos="nope"),
+    "sigmoid": dict(attn_fn="sigmoid"),  # Ramapuram et al. 2024: sigma(s - log n) per key, unnormalised
 }
 
 
