@@ -121,6 +121,23 @@ def test_cached_decoding_with_attention_variants(variant, pos):
     check_cached_decoding(tiny(pos, **fields))
 
 
+@pytest.mark.parametrize("layout", ["mha", "mqa"])
+@pytest.mark.parametrize("variant", ["fox", "stick_breaking", "sigmoid"])
+def test_cached_decoding_of_the_score_variants_with_each_layout(variant, layout):
+    """The forget gates' cache and the score functions past the training length with one K/V head
+    per query head and with one for all (the tests above run GQA)."""
+    fields = dict(VARIANTS[variant])
+    check_cached_decoding(tiny(fields.pop("pos", "rope"), LAYOUTS[layout], **fields))
+
+
+@pytest.mark.parametrize("fields", [dict(forget_gate=True), dict(attn_fn="stick_breaking"),
+                                    dict(attn_fn="sigmoid")], ids=["fox", "stick_breaking", "sigmoid"])
+def test_cached_decoding_of_the_score_variants_with_latent_attention(fields):
+    """Latent attention shares the score functions and the gates (its rows need RoPE, the pair test
+    takes FoX and stick-breaking with their rows' NoPE)."""
+    check_cached_decoding(tiny("rope", **VARIANTS["mla"], **fields))
+
+
 # The pairs ModelConfig refuses (latent attention fixes its own queries, keys and values and needs
 # RoPE, where FoX and stick-breaking rows take NoPE; a sink per differential map is undefined; a sink
 # is a softmax column, and differential attention subtracts softmax maps); every other pair of
