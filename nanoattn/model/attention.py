@@ -107,7 +107,7 @@ class CausalAttention(nn.Module, abc.ABC):
         self.sinks = nn.Parameter(torch.zeros(cfg.n_head)) if cfg.attn_sinks else None
         self.score_fn = SCORE_FUNCTIONS[cfg.attn_fn](cfg)  # scores -> weights
         self.forget_gate = ForgetGate(cfg) if cfg.forget_gate else None
-        # SDPA cannot compute them
+        # SDPA computes none of these: a cap, a sink column, weights other than a softmax.
         self.explicit = self.score_cap is not None or self.sinks is not None or not self.score_fn.sdpa
         self.window = cfg.layer_window[layer]  # None: every earlier key
         self.kernel = cfg.attn_kernel

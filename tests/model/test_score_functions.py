@@ -238,6 +238,26 @@ def test_evaluation_at_a_long_length_builds_one_chunk_of_scores_at_a_time(monkey
     assert len(built) >= 1024 // ((1 << 16) // (4 * 1024))  # a mask (and weights) per chunk of 16 queries
 
 
+@pytest.mark.parametrize("fields", [dict(attn_fn="stick_breaking"), dict(attn_fn="sigmoid"),
+                                    dict(forget_gate=True)], ids=["stick_breaking", "sigmoid", "fox"])
+def test_bf16_autocast_stays_as_close_to_float32_as_the_plain_block(fields):
+    """Under bf16 autocast (the scores in bf16 up to 512 keys on CPU), the logits stay within bf16
+    rounding: their error against float32 at most twice the plain block's. Stick-breaking sums its
+    logs in float32 and FoX keeps its gates' sums in float32."""
+    errors = []
+    for variant in ({}, fields):
+        torch.manual_seed(0)
+        model = GPT(ModelConfig(vocab_size=64, d_model=32, n_layer=2, n_head=4, n_kv_head=2, max_seq_len=128,
+                                pos="nope", init_std=0.1, **variant)).eval()
+        idx = torch.randint(0, 64, (2, 128), generator=torch.Generator().manual_seed(1))
+        with torch.no_grad():
+            exact = model(idx)
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                rounded = model(idx).float()
+        errors.append((rounded - exact).abs().max().item())
+    assert errors[1] <= 2 * errors[0] + 1e-3
+
+
 def test_the_kv_cache_keeps_each_tokens_log_gates_beside_its_keys_and_values():
     cfg = ModelConfig(d_model=32, n_layer=3, n_head=4, n_kv_head=2, pos="nope", forget_gate=True,
                       sliding_window=[8, None, None])
