@@ -11,9 +11,10 @@ Design:
 - ``sigmoid`` (Ramapuram et al. 2024, arXiv:2409.04431): A_ij = sigma(s_ij + b), b = -log n, each
   weight on its own (no normalisation over the keys). The paper's n is the sequence length, one
   constant for the whole sequence (its code adds a scalar buffer); here n = ``max_seq_len``, the
-  training length, fixed once the model is built. A constant b makes the function independent of
-  how many keys a query sees, so causal masking, query chunks and the KV cache give the same
-  weights for the same token; a per-query n (the keys visible) would not be the paper's b.
+  training length, fixed once the model is built (a context extension that sets a longer
+  ``max_seq_len`` moves b with it, as the paper's n would). A constant b makes the function
+  independent of how many keys a query sees, so causal masking, query chunks and the KV cache give
+  the same weights for the same token; a per-query n (the keys visible) would not be the paper's b.
 - ``stick_breaking`` (Tan et al. 2025, arXiv:2410.17980): beta_ij = sigma(s_ij) and
   A_ij = beta_ij prod_{j<k<i} (1 - beta_ik) over the keys before the query: each key takes beta of
   the stick the nearer keys left. It is computed in log space, log A_ij = log sigma(s_ij) +
@@ -99,7 +100,7 @@ class ForgetGate(nn.Module):
         super().__init__()
         self.proj = nn.Linear(cfg.d_model, cfg.n_head)  # with a bias whatever cfg.bias, as FoX's
 
-    def forward(self, x: torch.Tensor, pos, k_positions: torch.Tensor, cache=None, layer: int = 0):
+    def forward(self, x: torch.Tensor, pos, k_positions: torch.Tensor, cache, layer: int):
         """x [B, T, d_model] (the block's normalised input) -> the encoding ``pos`` wrapped so that its
         bias adds the decay over the keys at k_positions [Tk] (the cached ones first); the cache, if
         any, stores these tokens' log gates."""
