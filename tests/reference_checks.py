@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import math
 import tempfile
-import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,6 +58,7 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as llama_rotation
 from transformers.models.t5.modeling_t5 import T5Attention
 from variants import at_test_size
+from x_transformers.x_transformers import AlibiPositionalBias, CoPE, ScaledSinusoidalEmbedding
 
 from nanoattn import GPT, ModelConfig
 from nanoattn.config.options import encoding_options
@@ -68,10 +68,6 @@ from nanoattn.hf import export_hf
 from nanoattn.model import Attention
 from nanoattn.model.latent import LatentAttention
 from nanoattn.positional import build_positional
-
-with warnings.catch_warnings():  # x-transformers scripts a helper: torch.jit.script, deprecated
-    warnings.simplefilter("ignore", DeprecationWarning)
-    from x_transformers.x_transformers import AlibiPositionalBias, CoPE, ScaledSinusoidalEmbedding
 
 
 @dataclass(frozen=True)

@@ -107,32 +107,56 @@ def test_cached_decoding_equals_recomputation(pos, layout):
 @pytest.mark.parametrize("pos", ["rope", "alibi", "xpos", "rope,nope"])
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_cached_decoding_with_attention_variants(variant, pos):
+    # Each variant with each encoding: a variant's own pos (FoX, stick-breaking: nope) gives way.
+    fields = {key: value for key, value in VARIANTS[variant].items() if key != "pos"}
     if variant in NO_BIAS and any(REGISTRY[name].adds_bias for name in pos.split(",")):
         with pytest.raises(ValueError, match="model.diff_attn=True is invalid: needs encodings without an "
                                              f"attention bias .*; pos='{pos}' adds {pos}$"):
-            tiny(pos, **VARIANTS[variant])
+            tiny(pos, **fields)
         return
     if variant in ONLY_ROPE and pos != "rope":
         with pytest.raises(ValueError, match="model.pos=.* is invalid: must be 'rope' with mla_kv_rank"):
-            tiny(pos, **VARIANTS[variant])
+            tiny(pos, **fields)
         return
-    check_cached_decoding(tiny(pos, **VARIANTS[variant]))
+    check_cached_decoding(tiny(pos, **fields))
 
 
-# The pairs ModelConfig refuses (latent attention fixes its own queries, keys and values; a sink per
-# differential map, or a differential head's own value, is undefined); every other pair works together.
+@pytest.mark.parametrize("layout", ["mha", "mqa"])
+@pytest.mark.parametrize("variant", ["fox", "stick_breaking", "sigmoid"])
+def test_cached_decoding_of_the_score_variants_with_each_layout(variant, layout):
+    """The forget gates' cache and the score functions past the training length with one K/V head
+    per query head and with one for all (the tests above run GQA)."""
+    fields = dict(VARIANTS[variant])
+    check_cached_decoding(tiny(fields.pop("pos", "rope"), LAYOUTS[layout], **fields))
+
+
+@pytest.mark.parametrize("fields", [dict(forget_gate=True), dict(attn_fn="stick_breaking"),
+                                    dict(attn_fn="sigmoid")], ids=["fox", "stick_breaking", "sigmoid"])
+def test_cached_decoding_of_the_score_variants_with_latent_attention(fields):
+    """Latent attention shares the score functions and the gates (its rows need RoPE, the pair test
+    takes FoX and stick-breaking with their rows' NoPE)."""
+    check_cached_decoding(tiny("rope", **VARIANTS["mla"], **fields))
+
+
+# The pairs ModelConfig refuses (latent attention fixes its own queries, keys and values and needs
+# RoPE, where FoX and stick-breaking rows take NoPE; a sink per differential map is undefined; a sink
+# is a softmax column, and differential attention subtracts softmax maps); every other pair of
+# variants works together.
 REFUSED_PAIRS = {("qk_norm", "mla"), ("qk_norm_after", "mla"), ("sinks", "diff"), ("diff", "mla"),
-                 ("mla", "value_embeds"), ("diff", "xsa")}
+                 ("mla", "value_embeds"), ("sinks", "stick_breaking"), ("sinks", "sigmoid"), ("diff", "fox"),
+                 ("diff", "stick_breaking"), ("diff", "sigmoid"), ("mla", "fox"), ("mla", "stick_breaking"),
+                 ("diff", "xsa")}
 
 
 @pytest.mark.parametrize(("first", "second"), list(itertools.combinations(VARIANTS, 2)))
 def test_every_pair_of_variants_decodes_exactly_or_is_refused_in_one_line(first, second):
     fields = {**VARIANTS[first], **VARIANTS[second]}
+    pos = fields.pop("pos", "rope")  # a variant's own encoding (FoX, stick-breaking: NoPE), else RoPE
     if (first, second) in REFUSED_PAIRS:
         with pytest.raises(ValueError, match="^model\\.[a-z_]+=.* is invalid: [^\n]*$"):
-            tiny("rope", **fields)
+            tiny(pos, **fields)
         return
-    check_cached_decoding(tiny("rope", **fields))
+    check_cached_decoding(tiny(pos, **fields))
 
 
 @pytest.mark.parametrize("kind", SCALINGS)

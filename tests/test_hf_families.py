@@ -482,6 +482,12 @@ def test_every_attention_variant_exports_exactly_or_is_refused(tmp_path, variant
     (dict(QWEN3_NEXT, ssmax=True), "model.ssmax=True has no counterpart in transformers' Qwen3-Next"),
     (dict(QWEN3, canon=4), "model.canon=4 has no counterpart in transformers' Qwen 3"),
     (dict(BASE, xsa=True), "model.xsa=True has no counterpart in transformers' Llama"),
+    (dict(BASE, attn_fn="sigmoid"),
+     "model.attn_fn='sigmoid' has no counterpart in transformers' Llama format .*needs attn_fn='softmax'"),
+    (dict(QWEN3, attn_fn="stick_breaking"),
+     "model.attn_fn='stick_breaking' has no counterpart in transformers' Qwen 3 format"),
+    (dict(BASE, forget_gate=True),
+     "model.forget_gate=True has no counterpart in transformers' Llama format .*needs forget_gate=False"),
 ])
 def test_export_refuses_fields_without_a_counterpart(tmp_path, fields, message):
     assert re.match(message, refused(tmp_path, fields))

@@ -32,6 +32,7 @@ MLPS = ("gelu", "swiglu", "relu2")
 QK_NORMS = ("none", "before_rope", "after_rope")
 ATTN_KERNELS = ("auto", "sdpa")
 ATTN_GATES = ("none", "headwise", "elementwise")
+ATTN_FNS = ("softmax", "stick_breaking", "sigmoid")  # nanoattn.model.score_functions.SCORE_FUNCTIONS
 # Fields read only by the encodings that use them; checked here for their type whatever the model's
 # pos, and by the encoding's ``check_config`` for its own rules when the model uses it.
 ENCODING_INTS = ("t5_num_buckets", "t5_max_distance", "fire_mlp_width", "cope_npos_max")
@@ -70,6 +71,13 @@ class ModelConfig:
     # W - 1 tokens before it, as Mistral), or a list cycled over the layers ([64, 64, 64, null]).
     sliding_window: Any = None
     attn_sinks: bool = False  # gpt-oss: a learned logit per head that takes softmax mass and no value
+    # What turns scores into weights: softmax | stick_breaking (Tan et al. 2025: each earlier key takes
+    # sigma(s) of the stick the nearer keys left; no position needed) | sigmoid (Ramapuram et al. 2024:
+    # sigma(s - log max_seq_len) per key, unnormalised).
+    attn_fn: str = "softmax"
+    # FoX (Lin et al. 2025): per head a forget gate f_t = sigma(w.x_t + b) of each token; key j's score for
+    # query i gets sum_{t=j+1..i} log f_t. Needs no position (pos=nope is the paper's setting).
+    forget_gate: bool = False
     # Differential attention (Ye et al. 2024): query/key heads pair up, each pair's two softmax maps
     # are subtracted; n_head / 2 heads with values of 2 * head_dim. Needs even n_head and n_kv_head.
     diff_attn: bool = False
@@ -120,9 +128,13 @@ class ModelConfig:
         self._check_pos()
         check_choice(own, "norm", self.norm, NORMS)
         check_choice(own, "qk_norm", self.qk_norm, QK_NORMS)
-        for name in ("attn_sinks", "token_shift", "bias", "tie_embeddings"):
+        for name in ("attn_sinks", "forget_gate", "token_shift", "bias", "tie_embeddings"):
             check_bool(own, name, getattr(self, name))
         check_choice(own, "attn_kernel", self.attn_kernel, ATTN_KERNELS)
+        check_choice(own, "attn_fn", self.attn_fn, ATTN_FNS)
+        if self.attn_sinks and self.attn_fn != "softmax":
+            fail(own, "attn_fn", self.attn_fn, "cannot be combined with attn_sinks=True: a sink is one more "
+                 "column of a softmax, and this function normalises nothing over the keys")
         self._check_diff_attn()
         self._check_mla()
         self._check_sliding_window()
@@ -188,6 +200,12 @@ class ModelConfig:
         if self.attn_sinks:
             fail("model", "attn_sinks", self.attn_sinks, "cannot be combined with diff_attn=True: a sink "
                  "would join each of the two maps a head subtracts, which neither paper describes")
+        if self.attn_fn != "softmax":
+            fail("model", "attn_fn", self.attn_fn, "cannot be combined with diff_attn=True: differential "
+                 "attention subtracts two softmax maps")
+        if self.forget_gate:
+            fail("model", "forget_gate", self.forget_gate, "cannot be combined with diff_attn=True: a gate "
+                 "per query head would decay the two maps a head subtracts, which neither paper describes")
         biased = [name for name in self.encodings if REGISTRY[name].adds_bias]
         if biased:
             fail("model", "diff_attn", self.diff_attn, f"needs encodings without an attention bias (the "

@@ -65,6 +65,11 @@ ATTENTION_VARIANTS: dict[str, Fields] = {
     "ssmax": dict(ssmax=True),  # Nakanishi 2025: logits times a learned s_h log(keys seen)
     "xsa": dict(xsa=True),  # Zhai 2026: each output minus its projection on the token's own value
     "canon": dict(canon=4),  # Allen-Zhu 2025 (Canon-A): a width-4 causal depthwise convolution, residual
+    # FoX (Lin et al. 2025): a data-dependent forget gate decays the scores; NoPE, the paper's setting.
+    "fox": dict(forget_gate=True, pos="nope"),
+    # Tan et al. 2025: each earlier key takes sigma(s) of what the nearer keys left; NoPE, as the paper.
+    "stick_breaking": dict(attn_fn="stick_breaking", pos="nope"),
+    "sigmoid": dict(attn_fn="sigmoid"),  # Ramapuram et al. 2024: sigma(s - log n) per key, unnormalised
 }
 
 

@@ -27,6 +27,10 @@ Design choices:
   the output gate's mean value per head and the share of heads it keeps near 0, Scalable-Softmax's
   learned s and its factor at the windows' length, the share of each head's output that exclusive
   self-attention removes, the canon taps by distance.
+- Score functions other than softmax (``attn_fn``) give weights that need not sum to 1:
+  ``weight_sum`` is sigmoid attention's row sum and ``sink_mass`` what no key got, stick-breaking's
+  stick left over. FoX's forget gates (``forget_gate``) are read off each gate's output during the
+  same pass (a forward hook): ``forget_span`` counts the keys the decay leaves above 1/e.
 - This module measures a model on batches; the figures are ``plots.py``, and loading a run,
   choosing its windows and writing heads.json is ``nanoattn.commands.analyze_heads``.
 """
@@ -35,7 +39,8 @@ from __future__ import annotations
 
 import operator
 import unicodedata
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -61,7 +66,9 @@ GATE_NEAR_ZERO = 0.1
 KINDS = ("first_token", "previous_token", "current_token", "delimiter", "local", "broad", "mixed")
 PRUNE_SCOPES = ("global", "layer")
 STATISTICS = ("entropy", "normalized_entropy", "mean_offset", "prev_token_mass", "first_token_mass",
-              "current_token_mass", "delimiter_mass", "sink_mass")
+              "current_token_mass", "delimiter_mass", "sink_mass", "weight_sum", "forget_span")
+# forget_span: a key still holds e^-1 of its weight at this decay, sum of log f from it to the query.
+SPAN_DECAY = -1.0
 
 Batch = tuple[torch.Tensor, torch.Tensor]  # (x, y), each int64 [B, T]
 
@@ -133,10 +140,12 @@ def _is_delimiter(text: str) -> bool:
     return bool(marks) and all(c == "\n" or unicodedata.category(c).startswith("P") for c in marks)
 
 
-def query_statistics(weights: torch.Tensor, is_delimiter: torch.Tensor) -> dict[str, torch.Tensor]:
+def query_statistics(weights: torch.Tensor, is_delimiter: torch.Tensor,
+                     forget_gates: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """Per-query statistics of one layer's weights [B, H, T, T] -> each [B, H, T - FIRST_QUERY].
 
-    ``is_delimiter`` [B, T] marks the delimiter keys. Entropy is in nats.
+    ``is_delimiter`` [B, T] marks the delimiter keys; ``forget_gates`` [B, H, T], the cumulative log
+    forget gates c of a FoX layer (None: no gates). Entropy is in nats.
     """
     T = weights.shape[-1]
     if T <= FIRST_QUERY:
@@ -148,6 +157,12 @@ def query_statistics(weights: torch.Tensor, is_delimiter: torch.Tensor) -> dict[
     positive = weights.clamp(min=0)
     entropy = -torch.special.xlogy(positive, positive).sum(-1)
     q = slice(FIRST_QUERY, None)
+    weight_sum = weights.sum(-1)
+    if forget_gates is None:  # no decay: every key the query sees
+        span = (i + 1.0).to(weights.dtype).expand(weight_sum.shape)
+    else:  # the keys j <= i with c_i - c_j >= SPAN_DECAY: a run of the latest, since log f <= 0
+        decay = forget_gates[..., :, None] - forget_gates[..., None, :]  # [B, H, T, T]
+        span = ((decay >= SPAN_DECAY) & (i[None, :] <= i[:, None])).sum(-1).to(weights.dtype)
     return {
         "entropy": entropy[..., q],
         "normalized_entropy": entropy[..., q] / torch.log(i[q] + 1.0),  # query i sees i + 1 keys
@@ -156,8 +171,14 @@ def query_statistics(weights: torch.Tensor, is_delimiter: torch.Tensor) -> dict[
         "first_token_mass": weights[..., q, 0],
         "current_token_mass": torch.diagonal(weights, dim1=-2, dim2=-1)[..., q],
         "delimiter_mass": (weights * is_delimiter[:, None, None, :]).sum(-1)[..., q],
-        # What a learned sink took (attn_sinks): the weights then sum to less than 1. 0 without sinks.
-        "sink_mass": (1 - weights.sum(-1)).clamp(min=0)[..., q],
+        # The mass no key got: what a learned sink took (attn_sinks) or the stick stick-breaking left
+        # (attn_fn=stick_breaking). 0 for softmax.
+        "sink_mass": (1 - weight_sum).clamp(min=0)[..., q],
+        # sum_j a_ij: 1 for softmax; sigmoid attention's (attn_fn=sigmoid) is bound by nothing but i + 1.
+        "weight_sum": weight_sum[..., q],
+        # FoX (forget_gate): how many of the latest keys, the query's own included, keep at least e^-1 of
+        # their weight through the gates; i + 1 without gates.
+        "forget_span": span[..., q],
     }
 
 
@@ -184,13 +205,15 @@ def head_statistics(model: GPT, batches: Sequence[Batch], delimiters: Iterable[i
     sums = torch.zeros(len(STATISTICS), cfg.n_layer, cfg.attention_heads, dtype=torch.float64)
     delimiter_set = torch.tensor(sorted(set(delimiters)), dtype=torch.int64)
     queries = 0
-    for x, _ in batches:
-        is_delimiter = torch.isin(x, delimiter_set.to(x.device))  # [B, T]
-        _, weights = model.attention_maps(x)
-        for layer, w in enumerate(weights):
-            stats = query_statistics(w, is_delimiter)
-            sums[:, layer] += torch.stack([stats[name].sum(dim=(0, 2)) for name in STATISTICS]).double().cpu()
-        queries += x.shape[0] * (x.shape[1] - FIRST_QUERY)
+    with recorded_forget_gates(model) as gates:
+        for x, _ in batches:
+            is_delimiter = torch.isin(x, delimiter_set.to(x.device))  # [B, T]
+            _, weights = model.attention_maps(x)
+            for layer, w in enumerate(weights):
+                stats = query_statistics(w, is_delimiter, gates.get(layer))
+                sums[:, layer] += torch.stack([stats[name].sum(dim=(0, 2))
+                                               for name in STATISTICS]).double().cpu()
+            queries += x.shape[0] * (x.shape[1] - FIRST_QUERY)
     means = sums / queries  # [n_stats, n_layer, n_head]
     group = cfg.n_head // cfg.n_kv_head  # query heads per K/V head; pairs per pair with diff_attn
     records = []
@@ -269,6 +292,19 @@ def variant_statistics(model: GPT, batches: Sequence[Batch]) -> dict[str, dict[s
         stats["canon"] = {"taps": [block.canon.weight.abs().mean(0).flip(0).tolist()
                                    for block in model.blocks]}
     return stats
+@contextmanager
+def recorded_forget_gates(model: GPT) -> Iterator[dict[int, torch.Tensor]]:
+    """Within it, each forward pass of ``model`` records the cumulative log forget gates [B, n_head, T]
+    of every FoX layer, by layer index, as the gate hands them to attention."""
+    gates: dict[int, torch.Tensor] = {}
+    handles = [block.attn.forget_gate.register_forward_hook(
+        lambda module, args, decay, layer=layer: gates.__setitem__(layer, decay.cumulative))
+        for layer, block in enumerate(model.blocks) if block.attn.forget_gate is not None]
+    try:
+        yield gates
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 # ---------------------------------------------------------------------------------------------------------

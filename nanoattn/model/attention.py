@@ -29,6 +29,12 @@ Design:
   chunks start at their first query's window, so its work is O(T * window), and its KV cache
   rolls (``cache.py``). Differential attention is two passes of the same attention, one per half
   of each head pair, whose outputs are subtracted (``_differential``).
+- What turns the scores into weights is the layer's score function (``attn_fn``: softmax, sigmoid,
+  stick-breaking; ``score_functions.py``), asked what it needs: SDPA computes only the softmax, so
+  the others take the explicit computation in query chunks, and stick-breaking's queries weigh only
+  earlier keys (``nearest``). FoX's forget gate (``forget_gate``) adds a decay that depends on the
+  content to the scores: the layer wraps its encoding so that the decay joins the encoding's bias,
+  computed on the bias path in query chunks, and the cache keeps the gates.
 - Value embeddings (modded-nanogpt): a layer given a token table's rows (``GPT`` looks them up)
   mixes them into its new values, v = a v + b e[token] with learned (a, b), before the cache
   stores them, so cached decoding stays exact.
@@ -52,6 +58,7 @@ from torch import nn
 from nanoattn.model.cache import KVCache, StreamingCache
 from nanoattn.model.gates import ExcludeSelf, OutputGate, ScalableSoftmax
 from nanoattn.model.layers import dropout
+from nanoattn.model.score_functions import SCORE_FUNCTIONS, ForgetGate
 from nanoattn.positional.base import PositionalEncoding
 
 # Largest mask/bias chunk, in elements of [B, n_head, chunk, T_k], built at once on the bias path.
@@ -90,8 +97,9 @@ class QKNorm(nn.Module):
 
 
 class CausalAttention(nn.Module, abc.ABC):
-    """The part every attention shares: causal softmax(q.k / sqrt(d)) v over heads [B, H, T, D],
-    with the encoding's bias, the window, the score cap and the sinks, in query chunks
+    """The part every attention shares: causal softmax(q.k / sqrt(d)) v over heads [B, H, T, D] (or
+    the layer's other score function), with the encoding's bias, the forget gates' decay, the window,
+    the score cap and the sinks, in query chunks
     (``_attend``) or explicitly with the weights (``_attend_explicit``). Subclasses make q, k, v
     (``_qkv``), caching what they cache."""
 
@@ -101,7 +109,10 @@ class CausalAttention(nn.Module, abc.ABC):
         self.score_cap = cfg.attn_softcap
         # gpt-oss's sinks, from zero: one extra key of score 0 (transformers draws them N(0, 0.02)).
         self.sinks = nn.Parameter(torch.zeros(cfg.n_head)) if cfg.attn_sinks else None
-        self.explicit = self.score_cap is not None or self.sinks is not None  # SDPA cannot compute them
+        self.score_fn = SCORE_FUNCTIONS[cfg.attn_fn](cfg)  # scores -> weights
+        self.forget_gate = ForgetGate(cfg) if cfg.forget_gate else None
+        # SDPA computes none of these: a cap, a sink column, weights other than a softmax.
+        self.explicit = self.score_cap is not None or self.sinks is not None or not self.score_fn.sdpa
         self.window = cfg.layer_window[layer]  # None: every earlier key
         self.kernel = cfg.attn_kernel
         # When a tensor (GPT.max_attention_logit sets it), attention runs explicitly in query chunks
@@ -131,6 +142,8 @@ class CausalAttention(nn.Module, abc.ABC):
         q, k, v, k_positions = self._qkv(x, pos, positions, seq_len, cache, layer, value_embed)
         if self.ssmax is not None:
             q = self.ssmax(q, positions)
+        if self.forget_gate is not None:  # the gates' decay joins the encoding's bias
+            pos = self.forget_gate(x, pos, k_positions, cache, layer)
         y, weights = self._heads(q, k, v, positions, k_positions, pos, layer, return_weights)
         if self.exclude_self is not None:
             y = self.exclude_self(y, v[:, :, -x.shape[1]:])  # the new tokens' own values, the newest
@@ -214,14 +227,15 @@ class CausalAttention(nn.Module, abc.ABC):
     def _mask(self, q, k, q_positions, k_positions, pos, layer, dtype) -> torch.Tensor:
         """Causal (and window) mask plus the encoding's bias: bool [Tq, Tk] or additive [(B,) H, Tq, Tk]."""
         offset = q_positions[:, None] - k_positions[None, :]  # [Tq, Tk]: how far back each key is
-        allowed = offset >= 0 if self.window is None else (offset >= 0) & (offset < self.window)
+        nearest = self.score_fn.nearest  # 0: a query weighs its own key too
+        allowed = offset >= nearest if self.window is None else (offset >= nearest) & (offset < self.window)
         bias = pos.bias(q, k, q_positions, k_positions, layer)
         if bias is None:
             return allowed
         return bias.masked_fill(~allowed, float("-inf")).to(dtype)
 
     def _attend_explicit(self, q, k, v, mask, dtype=torch.float32):
-        """softmax(softcap(q.k / sqrt(D)) + mask) @ v with the scores in ``dtype``, returning the
+        """score_fn(softcap(q.k / sqrt(D)) + mask) @ v with the scores in ``dtype``, returning the
         weights [B, H, Tq, Tk] as well.
 
         Each K/V head's query heads are stacked as rows of one matmul, so K/V are never repeated.
@@ -240,7 +254,7 @@ class CausalAttention(nn.Module, abc.ABC):
         scores = softcap(scores, self.score_cap)
         scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
         if self.sinks is None:
-            weights = torch.softmax(scores, dim=-1)
+            weights = self.score_fn(scores)
         else:
             sinks = self.sinks.to(scores.dtype).view(1, H, 1, 1).expand(B, H, Tq, 1)
             weights = torch.softmax(torch.cat([scores, sinks], dim=-1), dim=-1)[..., :-1]

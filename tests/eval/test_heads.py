@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
@@ -107,8 +108,9 @@ def test_attention_maps_of_the_variants_equal_their_fast_path(monkeypatch, varia
 
 def check_maps(model: GPT) -> None:
     """The slow path's logits equal the fast path's, with and without a head mask; its weights are
-    causal distributions, less what learned sinks took (their statistic is the rest); a
-    differential map's rows sum to 1 too (it is normalised by 1 - lambda)."""
+    causal distributions, less what learned sinks took or the stick-breaking stick left (their
+    statistic is the rest), or sigmoid weights, each in [0, 1]; a differential map's rows sum to 1
+    too (it is normalised by 1 - lambda)."""
     idx = torch.randint(0, 50, (2, 24))
     heads = model.cfg.attention_heads
     mask = torch.tensor([[1.0, 0.0, 0.5, 1.0], [0.0, 1.0, 1.0, 2.0]])[:, :heads]
@@ -119,11 +121,15 @@ def check_maps(model: GPT) -> None:
         torch.testing.assert_close(slow, fast, atol=1e-5, rtol=1e-5)
         for w in weights:
             assert w.shape == (2, heads, 24, 24)
-            if model.cfg.attn_sinks:
+            if model.cfg.attn_sinks or model.cfg.attn_fn == "stick_breaking":
                 sink = query_statistics(w, torch.zeros(2, 24, dtype=torch.bool))["sink_mass"]
-                assert (sink > 0).all() and sink.mean() > 0.01  # the perturbed sinks take a share
+                # The perturbed sinks take a share of every row; the stick is left in some rows only.
+                assert (sink > 0).all() if model.cfg.attn_sinks else (sink >= 0).all()
+                assert sink.mean() > 0.01
                 torch.testing.assert_close(w.sum(-1)[..., FIRST_QUERY:] + sink,
                                            torch.ones(2, heads, 24 - FIRST_QUERY))
+            elif model.cfg.attn_fn == "sigmoid":
+                assert ((w >= 0) & (w <= 1)).all()
             else:
                 torch.testing.assert_close(w.sum(-1), torch.ones(2, heads, 24))
             assert (w.triu(1) == 0).all()  # causal
@@ -256,6 +262,71 @@ def test_hand_built_heads_are_classified_and_match_closed_forms():
                        for x, _ in batches])  # [windows, queries]: delimiters among the visible keys
     assert uniform["delimiter_mass"] == pytest.approx(float(share.mean()), rel=1e-5)
     assert [r["kv_group"] for r in heads] == [0, 1, 2, 3, 4]
+
+
+@torch.no_grad()
+def first_layer_scores(model: GPT, x: torch.Tensor) -> torch.Tensor:
+    """The first layer's q.k / sqrt(d) [B, H, T, T] by hand in float64 (NoPE, MHA)."""
+    attn, H, D = model.blocks[0].attn, model.cfg.n_head, model.cfg.head_dim
+    h = model.blocks[0].attn_norm(model.tok_emb(x)).double()  # [B, T, d_model]
+    q, k, _ = (h @ attn.qkv.weight.double().T).split(H * D, dim=-1)
+    q, k = (t.view(*x.shape, H, D).transpose(1, 2) for t in (q, k))  # [B, H, T, D]
+    return q @ k.transpose(-2, -1) / math.sqrt(D)
+
+
+@pytest.mark.parametrize("attn_fn", ["stick_breaking", "sigmoid"])
+def test_the_mass_a_score_function_leaves_or_adds_is_its_statistic(attn_fn):
+    """Stick-breaking's ``sink_mass`` is the stick left, prod_{k<i} (1 - sigma(s_ik)) (Tan et al.);
+    sigmoid's ``weight_sum`` is sum_{j<=i} sigma(s_ij - log n) (Ramapuram et al.); a softmax's are 0
+    and 1."""
+    model = small_model(pos="nope", init_std=0.2, attn_fn=attn_fn)
+    batches = random_batches(n=2)
+    records = head_statistics(model, batches)[:4]  # the first layer's heads
+    expected = []
+    for x, _ in batches:
+        s = first_layer_scores(model, x)
+        i, j = torch.arange(16)[:, None], torch.arange(16)[None, :]
+        if attn_fn == "stick_breaking":
+            per_query = torch.sigmoid(-s).masked_fill(j >= i, 1).prod(-1)  # [B, H, T]
+        else:
+            per_query = torch.sigmoid(s - math.log(32)).masked_fill(j > i, 0).sum(-1)
+        expected.append(per_query[..., FIRST_QUERY:])
+    expected = torch.cat(expected).mean(dim=(0, 2))  # [H]
+    name = "sink_mass" if attn_fn == "stick_breaking" else "weight_sum"
+    assert [r[name] for r in records] == pytest.approx(expected.tolist(), rel=1e-5)
+    assert expected.min() > 0.01 and expected.max() < 0.99  # a share that shows
+    plain = head_statistics(small_model(pos="nope", init_std=0.2), batches)
+    assert all(r["sink_mass"] < 1e-6 and r["weight_sum"] == pytest.approx(1.0) for r in plain)
+
+
+def test_the_forget_span_counts_the_keys_the_gates_leave_above_one_over_e():
+    """For query i, the keys j <= i with sum_{t=j+1..i} log f_t >= -1 (Lin et al.'s gates), averaged
+    over queries; without gates every key the query sees, i + 1."""
+    model = small_model(pos="nope", forget_gate=True)
+    with torch.no_grad():
+        gate = model.blocks[0].attn.forget_gate.proj
+        gate.weight.normal_(0, 0.3)
+        gate.bias.copy_(torch.tensor([-1.0, 1.0, 3.0, 6.0]))  # from a few tokens to most of the window
+    batches = random_batches(n=2)
+    spans = []
+    for x, _ in batches:
+        with torch.no_grad():
+            h = model.blocks[0].attn_norm(model.tok_emb(x)).double()
+            log_f = F.logsigmoid(h @ gate.weight.double().T + gate.bias.double())  # [B, T, H]
+        span = torch.zeros(2, 4, 16 - FIRST_QUERY)
+        for b in range(2):
+            for head in range(4):
+                for i in range(FIRST_QUERY, 16):
+                    span[b, head, i - FIRST_QUERY] = sum(
+                        float(log_f[b, j + 1:i + 1, head].sum()) >= -1 for j in range(i + 1))
+        spans.append(span)
+    expected = torch.cat(spans).mean(dim=(0, 2))
+    records = head_statistics(model, batches)
+    assert [r["forget_span"] for r in records[:4]] == pytest.approx(expected.tolist(), rel=1e-6)
+    assert expected[0] < 3 and expected[3] > 8 and (expected.diff() > 0).all()
+    i = torch.arange(FIRST_QUERY, 16, dtype=torch.float64)
+    no_gates = head_statistics(small_model(pos="nope"), batches)
+    assert all(r["forget_span"] == pytest.approx(float((i + 1).mean())) for r in no_gates)
 
 
 def test_kind_rules_and_their_thresholds():
