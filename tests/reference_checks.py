@@ -29,8 +29,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import torch
+import torch.nn.functional as F
 from hf_support import BASE, GPT2, load_transformers, model, tokens
 from rotary_embedding_torch import RotaryEmbedding as TorchRotaryEmbedding
 from transformers import (
@@ -44,6 +46,7 @@ from transformers import (
     LlamaForCausalLM,
     MinistralForCausalLM,
     Qwen3ForCausalLM,
+    Qwen3NextConfig,
     T5Config,
 )
 from transformers.models.deepseek_v3.modeling_deepseek_v3 import (
@@ -56,9 +59,17 @@ from transformers.models.gpt_neox.modeling_gpt_neox import apply_rotary_pos_emb 
 from transformers.models.gpt_oss.modeling_gpt_oss import GptOssAttention, GptOssRotaryEmbedding
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as llama_rotation
+from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextAttention, Qwen3NextRotaryEmbedding
 from transformers.models.t5.modeling_t5 import T5Attention
 from variants import at_test_size
-from x_transformers.x_transformers import AlibiPositionalBias, CoPE, ScaledSinusoidalEmbedding
+from x_transformers.attend import Attend
+from x_transformers.x_transformers import (
+    AlibiPositionalBias,
+    CoPE,
+    DataDependentAlibi,
+    ScaledSinusoidalEmbedding,
+)
+from x_transformers.x_transformers import Attention as XAttention
 
 from nanoattn import GPT, ModelConfig
 from nanoattn.config.options import encoding_options
@@ -66,8 +77,10 @@ from nanoattn.eval.results import header_lines, provenance, write_page
 from nanoattn.eval.tables import format_table
 from nanoattn.hf import export_hf
 from nanoattn.model import Attention
+from nanoattn.model import attention as attention_module
+from nanoattn.model.gates import Canon
 from nanoattn.model.latent import LatentAttention
-from nanoattn.positional import build_positional
+from nanoattn.positional import alibi_slopes, build_positional
 
 
 @dataclass(frozen=True)
@@ -543,6 +556,329 @@ def qk_norm_after_written_out() -> float:
 LAYER = 1e-5
 
 
+# ----------------------------------------------------------------------------- around the softmax
+# The output gate, Scalable-Softmax and exclusive self-attention (model/gates.py), stick-breaking and
+# sigmoid attention and FoX's forget gate (model/score_functions.py), each on one layer.
+
+TOKENS = 12
+
+
+def layer(n_kv_head: int = 4, **fields) -> tuple[Attention, ModelConfig]:
+    """One attention layer (d_model 32, 4 heads of 8, max_seq_len 12), NoPE unless ``fields`` name an
+    encoding, every parameter drawn N(0, 0.3) so that scores and gates spread over several units."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(d_model=32, n_head=4, n_kv_head=n_kv_head, max_seq_len=TOKENS,
+                      **{"pos": "nope", **fields})
+    attn = Attention(cfg).eval()
+    with torch.no_grad():
+        for p in attn.parameters():
+            p.normal_(0, 0.3)
+    return attn, cfg
+
+
+@torch.no_grad()
+def heads64(attn: Attention, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q, k, v [B, n_head, T, head_dim] in float64 from the fused QKV weight, without positions, each
+    K/V head repeated for its group (query head h reads K/V head h // (n_head / n_kv_head))."""
+    H, Hkv, D = attn.n_head, attn.n_kv_head, attn.head_dim
+    B, T, _ = x.shape
+    q, k, v = (x.double() @ attn.qkv.weight.double().T).split([H * D, Hkv * D, Hkv * D], dim=-1)
+    q, k, v = (t.view(B, T, -1, D).transpose(1, 2) for t in (q, k, v))
+    return q, k.repeat_interleave(H // Hkv, 1), v.repeat_interleave(H // Hkv, 1)
+
+
+def project(attn: Attention, heads: torch.Tensor) -> torch.Tensor:
+    """Heads [B, H, T, D] in float64 concatenated and multiplied by W_O -> [B, T, d_model]."""
+    B, H, T, D = heads.shape
+    return heads.transpose(1, 2).reshape(B, T, H * D) @ attn.proj.weight.double().T
+
+
+def causal_softmax(scores: torch.Tensor) -> torch.Tensor:
+    """Softmax of scores [..., T, T] over the keys at or before each query."""
+    T = scores.shape[-1]
+    return torch.softmax(scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), -math.inf), dim=-1)
+
+
+def alibi_bias(pos: str) -> torch.Tensor | None:
+    """ALiBi's bias [4 heads, T, T], -slope_h (i - j), written out; None for NoPE."""
+    i = torch.arange(TOKENS)
+    slopes = torch.tensor(alibi_slopes(4))[:, None, None]
+    return None if pos == "nope" else -slopes * (i[:, None] - i[None, :])
+
+
+def against_layer(attn: Attention, cfg: ModelConfig, x: torch.Tensor, expected: torch.Tensor,
+                  expected_weights: torch.Tensor) -> float:
+    """The layer's output on x [B, T, d_model] through the fast path (queries in chunks of 5, where
+    scores are built) and the slow path, and the slow path's weights, against the reference's."""
+    B, T, _ = x.shape
+    pe, positions = build_positional(cfg), torch.arange(T)
+    with torch.no_grad(), mock.patch.object(attention_module, "MASK_CHUNK_ELEMENTS", B * cfg.n_head * 5 * T):
+        fast = attn(x, pe, positions, T)[0]
+        slow, weights = attn(x, pe, positions, T, return_weights=True)
+    return max(difference(fast, expected), difference(slow, expected), difference(weights, expected_weights))
+
+
+def gate_paper() -> float:
+    """Qiu et al. 2025, G1: Y' = Y * sigmoid(X W_theta), X the attention's input, Y the SDPA output,
+    one score per head (headwise) or per channel (elementwise); MHA, GQA and MQA."""
+    worst = 0.0
+    for mode in ("headwise", "elementwise"):
+        for n_kv_head in (4, 2, 1):
+            attn, cfg = layer(n_kv_head, attn_gate=mode)
+            x = randn(2, TOKENS, 32, seed=1)
+            q, k, v = heads64(attn, x)
+            maps = causal_softmax(q @ k.transpose(-2, -1) / math.sqrt(attn.head_dim))  # [B, H, T, T]
+            with torch.no_grad():
+                scores = torch.sigmoid(x.double() @ attn.output_gate.proj.weight.double().T)  # [B, T, 4 | 32]
+            gate = scores.view(2, TOKENS, 4, -1).transpose(1, 2)  # [B, H, T, 1 | D]
+            worst = max(worst, against_layer(attn, cfg, x, project(attn, (maps @ v) * gate), maps))
+    return worst
+
+
+def gate_qwen3_next() -> float:
+    """transformers' Qwen3NextAttention (eager), which computes the elementwise gate with QK-norm
+    before RoPE, 24 tokens; MHA, GQA and MQA, the norm gains moved off 1."""
+    worst, T = 0.0, 24
+    for n_kv_head in (4, 2, 1):
+        torch.manual_seed(0)
+        cfg = ModelConfig(d_model=64, n_head=4, n_kv_head=n_kv_head, max_seq_len=T, qk_norm="before_rope",
+                          attn_gate="elementwise", norm_eps=1e-6)
+        ours = Attention(cfg).eval()
+        hf = Qwen3NextConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=n_kv_head,
+                             head_dim=16, num_hidden_layers=1, layer_types=["full_attention"],
+                             max_position_embeddings=T, rms_norm_eps=1e-6,
+                             rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                              "partial_rotary_factor": 1.0})
+        hf._attn_implementation = "eager"
+        theirs = Qwen3NextAttention(hf, layer_idx=0).eval()
+        q, k, v = ours.qkv.weight.split([64, 16 * n_kv_head, 16 * n_kv_head])
+        gate = ours.output_gate.proj.weight
+        with torch.no_grad():
+            for norm in (ours.qk_norm.q, ours.qk_norm.k):
+                norm.weight.add_(torch.randn(16) * 0.3)  # gains off 1, so the convention shows
+            theirs.q_proj.weight.copy_(torch.cat([w[16 * h:16 * (h + 1)] for h in range(4)
+                                                  for w in (q, gate)]))  # [q_h | g_h], h = 0, 1, ...
+            theirs.k_proj.weight.copy_(k)
+            theirs.v_proj.weight.copy_(v)
+            theirs.o_proj.weight.copy_(ours.proj.weight)
+            theirs.q_norm.weight.copy_(ours.qk_norm.q.weight - 1)
+            theirs.k_norm.weight.copy_(ours.qk_norm.k.weight - 1)
+            x, positions = torch.randn(2, T, 64), torch.arange(T)
+            cos_sin = Qwen3NextRotaryEmbedding(hf)(x, positions[None])
+            expected = theirs(x, position_embeddings=cos_sin, attention_mask=causal_mask(T))[0]
+            got = ours(x, build_positional(cfg), positions, T)[0]
+        worst = max(worst, difference(got, expected))
+    return worst
+
+
+def heads_in_order(w: torch.Tensor, rows: int, order: list[int]) -> torch.Tensor:
+    """A weight's blocks of ``rows`` rows per head, head order[0] first."""
+    return torch.cat([w[rows * h:rows * (h + 1)] for h in order])
+
+
+def gate_x_transformers() -> float:
+    """x-transformers' ``Attention(gate_values=True)`` (``gate_values_headwise`` for one gate per
+    head), 12 tokens; MHA, GQA and MQA."""
+    worst, H = 0.0, 4
+    for mode in ("headwise", "elementwise"):
+        for n_kv_head in (4, 2, 1):
+            torch.manual_seed(0)
+            group = H // n_kv_head
+            cfg = ModelConfig(d_model=64, n_head=H, n_kv_head=n_kv_head, pos="nope", attn_gate=mode)
+            ours = Attention(cfg).eval()
+            theirs = XAttention(dim=64, dim_head=16, heads=H, kv_heads=n_kv_head, causal=True,
+                                gate_values=True, gate_values_headwise=mode == "headwise").eval()
+            order = [(i % n_kv_head) * group + i // n_kv_head for i in range(H)]  # their head i: our order[i]
+            q, k, v = ours.qkv.weight.split([64, 16 * n_kv_head, 16 * n_kv_head])
+            gate_rows = 1 if mode == "headwise" else 16
+            with torch.no_grad():
+                theirs.to_q.weight.copy_(heads_in_order(q, 16, order))
+                theirs.to_k.weight.copy_(k)
+                theirs.to_v.weight.copy_(v)
+                theirs.to_v_gate.weight.copy_(heads_in_order(ours.output_gate.proj.weight, gate_rows, order))
+                theirs.to_out.weight.copy_(heads_in_order(ours.proj.weight.T, 16, order).T)
+                x = torch.randn(2, TOKENS, 64)
+                got = ours(x, build_positional(cfg), torch.arange(TOKENS), TOKENS)[0]
+                worst = max(worst, difference(got, theirs(x)))
+    return worst
+
+
+def ssmax_paper() -> float:
+    """Nakanishi 2025, eq. (2): z_i -> n^(s z_i) / sum_j n^(s z_j), z the query's logits q.k / sqrt(d),
+    n the number of keys it sees (i + 1, at most the window), s per head; MHA, GQA and MQA, with and
+    without a window of 5."""
+    worst = 0.0
+    for n_kv_head in (4, 2, 1):
+        for window in (None, 5):
+            attn, cfg = layer(n_kv_head, ssmax=True, sliding_window=window)
+            with torch.no_grad():
+                attn.ssmax.s.copy_(torch.tensor([0.2, 0.5, 1.0, 2.0]))
+            x = randn(2, TOKENS, 32, seed=1)
+            q, k, v = heads64(attn, x)
+            z = q @ k.transpose(-2, -1) / math.sqrt(attn.head_dim)  # [B, H, T, T]
+            s = attn.ssmax.s.detach().double().view(1, 4, 1)
+            maps = torch.zeros_like(z)
+            for i in range(TOKENS):
+                first = 0 if window is None else max(0, i - window + 1)
+                powers = (i + 1 - first) ** (s * z[:, :, i, first:i + 1])  # [B, H, n]
+                maps[:, :, i, first:i + 1] = powers / powers.sum(-1, keepdim=True)
+            worst = max(worst, against_layer(attn, cfg, x, project(attn, maps @ v), maps))
+    return worst
+
+
+def xsa_paper() -> float:
+    """Zhai 2026: z_i = y_i - (y_i . v_i / |v_i|^2) v_i per head, v_i the token's value in the head's
+    K/V group, the maps those of plain attention; MHA, GQA and MQA."""
+    worst = 0.0
+    for n_kv_head in (4, 2, 1):
+        attn, cfg = layer(n_kv_head, xsa=True)
+        x = randn(2, TOKENS, 32, seed=1)
+        q, k, v = heads64(attn, x)
+        maps = causal_softmax(q @ k.transpose(-2, -1) / math.sqrt(attn.head_dim))
+        y = maps @ v  # [B, H, T, D]
+        z = y - (y * v).sum(-1, keepdim=True) / (v * v).sum(-1, keepdim=True) * v
+        if (z * v).sum(-1).abs().max() > 1e-12:
+            raise AssertionError("the written-out exclusion is not orthogonal to the token's value")
+        expected = project(attn, z)
+        acts(expected, project(attn, y), "the exclusion")
+        worst = max(worst, against_layer(attn, cfg, x, expected, maps))
+    return worst
+
+
+# One layer with every weight drawn N(0, 0.3) (``layer``): scores q.k / sqrt(d) up to ~20 and outputs
+# up to ~12, each output a 32-wide sum of W_O's products of several units, so an entry below 1 carries
+# a few 2^-24 of its terms' size, a few 1e-6 absolute: twice LAYER.
+SPREAD_LAYER = 2e-5
+
+@torch.no_grad()
+def score_loops(attn: Attention, x: torch.Tensor, weigh: Callable, bias: torch.Tensor | None = None):
+    """Loops over batch, head and query in float64: s_ij = q_i.k_j / sqrt(d) (+ bias[h, i, j]), the
+    query's row of weights ``weigh(s_i, b, h, i)`` (a list over the keys), each head's sum_j a_ij v_j,
+    the heads concatenated and projected by W_O. -> (output [B, T, d_model], weights [B, H, T, T])."""
+    q, k, v = heads64(attn, x)
+    B, H, T, D = q.shape
+    bias = torch.zeros(H, T, T) if bias is None else bias
+    weights = torch.zeros(B, H, T, T, dtype=torch.float64)
+    for b in range(B):
+        for h in range(H):
+            for i in range(T):
+                s = [float(q[b, h, i] @ k[b, h, j]) / math.sqrt(D) + float(bias[h, i, j]) for j in range(T)]
+                weights[b, h, i] = torch.tensor(weigh(s, b, h, i), dtype=torch.float64)
+    return project(attn, weights @ v), weights
+
+
+def sigmoid(z: float) -> float:
+    return 1 / (1 + math.exp(-z))
+
+
+def stick_breaking_row(window: int | None):
+    """Tan et al. 2025: over the keys j < i (within the window: i - j < window),
+    A_ij = beta_ij * prod_{j<k<i} (1 - beta_ik), beta = sigma(s)."""
+    def weigh(s, b, h, i):
+        keys = [j for j in range(i) if window is None or i - j < window]
+        return [sigmoid(s[j]) * math.prod(1 - sigmoid(s[k]) for k in keys if k > j) if j in keys else 0.0
+                for j in range(len(s))]
+    return weigh
+
+
+def sigmoid_row(n: int):
+    """Ramapuram et al. 2024: A_ij = sigma(s_ij - log n) over the keys j <= i."""
+    return lambda s, b, h, i: [sigmoid(s[j] - math.log(n)) if j <= i else 0.0 for j in range(len(s))]
+
+
+def forget_gate_row(log_f: torch.Tensor):
+    """Lin et al. 2025: softmax over the keys j <= i of s_ij + sum_{t=j+1..i} log f_t, with log f
+    [B, T, H] of each batch row, token and head."""
+    def weigh(s, b, h, i):
+        logits = [s[j] + sum(float(log_f[b, t, h]) for t in range(j + 1, i + 1)) for j in range(i + 1)]
+        top = max(logits)
+        e = [math.exp(z - top) for z in logits]
+        return [e[j] / sum(e) if j <= i else 0.0 for j in range(len(s))]
+    return weigh
+
+
+def stick_breaking_paper() -> float:
+    """NoPE, ALiBi and a window of 5; MHA, GQA and MQA."""
+    worst = 0.0
+    for n_kv_head in (4, 2, 1):
+        for pos, window in (("nope", None), ("alibi", None), ("nope", 5)):
+            attn, cfg = layer(n_kv_head, attn_fn="stick_breaking", pos=pos, sliding_window=window)
+            x = randn(2, TOKENS, 32, seed=1)
+            expected, weights = score_loops(attn, x, stick_breaking_row(window), alibi_bias(pos))
+            worst = max(worst, against_layer(attn, cfg, x, expected, weights))
+    return worst
+
+
+def sigmoid_paper() -> float:
+    """NoPE and ALiBi; MHA, GQA and MQA; n = max_seq_len = the inputs' 12 tokens."""
+    worst = 0.0
+    for n_kv_head in (4, 2, 1):
+        for pos in ("nope", "alibi"):
+            attn, cfg = layer(n_kv_head, attn_fn="sigmoid", pos=pos)
+            x = randn(2, TOKENS, 32, seed=1)
+            expected, weights = score_loops(attn, x, sigmoid_row(cfg.max_seq_len), alibi_bias(pos))
+            worst = max(worst, against_layer(attn, cfg, x, expected, weights))
+    return worst
+
+
+def fox_paper() -> float:
+    """log f_t = log sigma(w_h . x_t + b_h) from the gate's weights; NoPE and ALiBi; MHA, GQA and MQA."""
+    worst = 0.0
+    for n_kv_head in (4, 2, 1):
+        for pos in ("nope", "alibi"):
+            attn, cfg = layer(n_kv_head, forget_gate=True, pos=pos)
+            x = randn(2, TOKENS, 32, seed=1)
+            gate = attn.forget_gate.proj
+            with torch.no_grad():
+                log_f = F.logsigmoid(x.double() @ gate.weight.double().T + gate.bias.double())  # [B, T, H]
+            if log_f.std() < 0.2:
+                raise AssertionError("the gates barely differ between tokens and heads: the check is weak")
+            expected, weights = score_loops(attn, x, forget_gate_row(log_f), alibi_bias(pos))
+            worst = max(worst, against_layer(attn, cfg, x, expected, weights))
+    return worst
+
+
+def projected(attn: Attention, x: torch.Tensor):
+    """q [B, H, T, D], k, v [B, Hkv, T, D] as the layer makes them (NoPE), in float32."""
+    B, T, _ = x.shape
+    H, Hkv, D = attn.n_head, attn.n_kv_head, attn.head_dim
+    return attn.qkv(x).view(B, T, H + 2 * Hkv, D).transpose(1, 2).split([H, Hkv, Hkv], dim=1)
+
+
+def sigmoid_x_transformers() -> float:
+    """x-transformers' ``Attend(sigmoid=True)`` on the layer's q, k, v; MHA and MQA."""
+    worst = 0.0
+    for n_kv_head in (4, 1):
+        attn, cfg = layer(n_kv_head, attn_fn="sigmoid")
+        x, positions = randn(2, TOKENS, 32, seed=1), torch.arange(TOKENS)
+        with torch.no_grad():
+            q, k, v = projected(attn, x)
+            got = attn._attend(q, k, v, positions, positions, build_positional(cfg), 0)  # [B, H, T, D]
+            b = torch.full((TOKENS, TOKENS), -math.log(cfg.max_seq_len))
+            theirs = Attend(causal=True, sigmoid=True)(q, k, v, attn_bias=b)[0]
+        worst = max(worst, difference(got, theirs))
+    return worst
+
+
+def fox_x_transformers() -> float:
+    """x-transformers' ``DataDependentAlibi`` (FoX's decay as a bias) with the layer's gate weights,
+    fed to its softmax ``Attend`` on the layer's q, k, v, then W_O; MHA and MQA."""
+    worst = 0.0
+    for n_kv_head in (4, 1):
+        attn, cfg = layer(n_kv_head, forget_gate=True)
+        dda = DataDependentAlibi(32, 4)
+        x = randn(2, TOKENS, 32, seed=1)
+        with torch.no_grad():
+            dda.to_forget_gates[0].weight.copy_(attn.forget_gate.proj.weight)
+            dda.to_forget_gates[0].bias.copy_(attn.forget_gate.proj.bias)
+            got = attn(x, build_positional(cfg), torch.arange(TOKENS), TOKENS)[0]
+            q, k, v = projected(attn, x)
+            y = Attend(causal=True)(q, k, v, attn_bias=dda(x))[0]  # [B, H, T, D]
+            theirs = attn.proj(y.transpose(1, 2).reshape(2, TOKENS, 32))
+        worst = max(worst, difference(got, theirs))
+    return worst
+
+
 # ----------------------------------------------------------------------------- the residual stream
 
 
@@ -597,6 +933,57 @@ def token_shift_written_out() -> float:
         acts(expected, unhooked, "the token shift")
         return difference(shifted(idx), expected)
 
+
+def physicslm4_convolution(weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """PhysicsLM4's canon layer (its ShortConvolution without the CUDA kernel) with taps ``weight``
+    [d_model, width] on x [B, T, d_model]: a depthwise ``nn.Conv1d`` padded by width - 1 on both
+    sides, cut to its first T outputs, plus the input."""
+    D, width = weight.shape
+    conv = torch.nn.Conv1d(D, D, width, groups=D, padding=width - 1, bias=False)
+    with torch.no_grad():
+        conv.weight.copy_(weight[:, None, :])
+        return x + conv(x.transpose(1, 2))[..., :x.shape[1]].transpose(1, 2)
+
+
+def canon_physicslm4() -> float:
+    """The layer alone, widths 2 and 4, its taps as drawn."""
+    worst = 0.0
+    for width in (2, 4):
+        torch.manual_seed(0)
+        canon = Canon(ModelConfig(d_model=16, canon=width), layer=0)
+        x = randn(2, TOKENS, 16)
+        with torch.no_grad():
+            worst = max(worst, difference(canon(x), physicslm4_convolution(canon.weight, x)))
+    return worst
+
+
+def canon_written_out() -> float:
+    """The plain model with that convolution hooked onto each attention's input (the block's
+    normalised input), taps from the canon model (width 3): the same weights must give the same logits."""
+    torch.manual_seed(0)
+    fields = dict(vocab_size=40, d_model=32, n_layer=2, n_head=4, n_kv_head=2, max_seq_len=16)
+    canon = GPT(ModelConfig(**fields, canon=3)).eval()
+    plain = GPT(ModelConfig(**fields)).eval()
+    plain.load_state_dict(canon.state_dict(), strict=False)
+    idx = torch.randint(0, 40, (2, 16))
+
+    def convolved(weight):
+        def hook(module, args, kwargs):
+            return (physicslm4_convolution(weight, args[0]), *args[1:]), kwargs
+        return hook
+
+    with torch.no_grad():
+        unhooked = plain(idx)
+        for block, ours in zip(plain.blocks, canon.blocks, strict=True):
+            block.attn.register_forward_pre_hook(convolved(ours.canon.weight), with_kwargs=True)
+        expected = plain(idx)
+        acts(expected, unhooked, "the canon layers")
+        return difference(canon(idx), expected)
+
+
+# The layer's shifted sums against conv1d's, width products of values below 3 summed in another
+# order: a few 2^-24.
+CONVOLUTION = 1e-6
 
 # The same float32 operations on both sides except where the hook computes a v + b e or e + g e'
 # (one product and one sum, possibly fused differently): a few 2^-24 carried through the layers.
@@ -724,6 +1111,56 @@ ROWS: dict[str, Row] = {
     "token_shift": Row(VARIANT, "Peng et al. 2023 (RWKV), arXiv:2305.13048; modded-nanogpt's smear", (
         Check("the plain model with its embeddings rewritten to e_t + g e_(t-1) by a hook", "logits",
               token_shift_written_out, HOOKED),)),
+    "gate": Row(VARIANT, "Qiu et al. 2025, arXiv:2505.06708 (G1; Qwen3-Next)", (
+        Check(WRITTEN_OUT, "attention layer output and weights, headwise and elementwise, MHA, GQA and MQA",
+              gate_paper, SPREAD_LAYER),
+        Check("transformers Qwen3NextAttention (eager)",
+              "attention layer output, elementwise, with QK-norm, MHA, GQA and MQA", gate_qwen3_next, LAYER,
+              "Qwen3-Next's q_proj holds each head's query rows then its gate rows, nanoattn's gate is a "
+              "projection of its own: its rows copied into that order. Qwen3-Next stores its norm gains as "
+              "1 + w: compared with nanoattn's gains moved off 1, copied as gain - 1"),
+        Check("x_transformers.Attention(gate_values=True)",
+              "attention layer output, headwise and elementwise, MHA, GQA and MQA", gate_x_transformers,
+              LAYER, "x-transformers starts W_g at 0 (every gate 1/2): compared with nanoattn's W_g copied. "
+              "Its query head i reads K/V head i mod n_kv_head, nanoattn's i // (n_head / n_kv_head): "
+              "compared with nanoattn's heads permuted into its order (queries, gates and W_O's columns)"))),
+    "ssmax": Row(VARIANT, "Nakanishi 2025, arXiv:2501.19399", (
+        Check(WRITTEN_OUT, "attention layer output and weights, MHA, GQA and MQA, with and without a "
+              "window of 5", ssmax_paper, SPREAD_LAYER,
+              "the paper learns s from a start it leaves open, nanoattn starts it at 1 / log max_seq_len: "
+              "compared with s from 0.2 to 2 per head"),)),
+    "xsa": Row(VARIANT, "Zhai 2026, arXiv:2603.09078", (
+        Check(WRITTEN_OUT, "attention layer output and weights, MHA, GQA and MQA", xsa_paper,
+              SPREAD_LAYER),)),
+    "canon": Row(VARIANT, "Allen-Zhu 2025 (Physics of Language Models 4.1, Canon-A), arXiv:2512.17351", (
+        Check("the authors' convolution (a depthwise torch.nn.Conv1d padded by width - 1, cut to T, plus "
+              "the input), written out in tests/reference_checks.py", "the canon layer's output, widths 2 "
+              "and 4", canon_physicslm4, CONVOLUTION,
+              NOT_PACKAGED.format("facebookresearch/PhysicsLM4")),
+        Check("the plain model with that convolution hooked onto each attention's input", "logits",
+              canon_written_out, HOOKED))),
+    "fox": Row(VARIANT, "Lin et al. 2025 (Forgetting Transformer), arXiv:2503.02130", (
+        Check(WRITTEN_OUT, "attention layer output and weights, NoPE and ALiBi, MHA, GQA and MQA", fox_paper,
+              SPREAD_LAYER),
+        Check("x_transformers.DataDependentAlibi, fed to its Attend", "attention layer output, MHA and MQA",
+              fox_x_transformers, SPREAD_LAYER,
+              "x-transformers starts the gate's bias at 5 (gates near 1), FoX and nanoattn at 0: compared "
+              "with nanoattn's gate weights and bias copied. Its query head h reads K/V head h mod "
+              "n_kv_head, nanoattn's h // (n_head / n_kv_head): compared at MHA and MQA, where both agree"))),
+    "stick_breaking": Row(VARIANT, "Tan et al. 2025, arXiv:2410.17980", (
+        Check(WRITTEN_OUT, "attention layer output and weights, NoPE, ALiBi and a window of 5, MHA, GQA "
+              "and MQA", stick_breaking_paper, SPREAD_LAYER,
+              NOT_PACKAGED.format("shawntan/stickbreaking-attention, a Triton kernel")),)),
+    "sigmoid": Row(VARIANT, "Ramapuram et al. 2024, arXiv:2409.04431", (
+        Check(WRITTEN_OUT, "attention layer output and weights, NoPE and ALiBi, MHA, GQA and MQA",
+              sigmoid_paper, SPREAD_LAYER,
+              "the paper's b = -log n takes n as the sequence length, nanoattn as max_seq_len: compared at "
+              "inputs of max_seq_len tokens, where both are 12"),
+        Check("x_transformers.Attend(sigmoid=True)", "each head's output, MHA and MQA",
+              sigmoid_x_transformers, SPREAD_LAYER,
+              "x-transformers adds no b of its own: b = -log n given as its attn_bias. Its query head h "
+              "reads K/V head h mod n_kv_head, nanoattn's h // (n_head / n_kv_head): compared at MHA and "
+              "MQA, where both agree"))),
 }
 
 
