@@ -42,6 +42,7 @@ from typing import Any, NamedTuple
 import torch
 
 from nanoattn.model import GPT, KVCache, StreamingCache, check_streamable
+from nanoattn.model.cache import check_prune_threshold
 from nanoattn.runtime import check_fits
 from nanoattn.validation import check_non_negative_int, fail, is_int
 
@@ -150,6 +151,10 @@ class Decoding:
     ``idx`` is the prompt plus what was decoded so far, ``finished`` [B] marks sequences that
     picked a stop token, ``last_logits`` [B, V] float32 are the model's logits of the last step
     (before any penalty or filter), ``kv_cache_bytes`` is the cache's size (0 without one).
+
+    ``prune_threshold`` (selective attention only): context pruning, the keys whose accumulated
+    selection F passes it are dropped from the cache for every later token (``model/selective.py``);
+    ``pruned_kv_bytes`` is what they held.
     These are inference tensors (made under ``torch.inference_mode``): clone them outside it
     before autograd sees them.
     """
@@ -159,7 +164,7 @@ class Decoding:
                  top_k: int | None = None, top_p: float | None = None, min_p: float | None = None,
                  repetition_penalty: float = 1.0, stop_tokens: Iterable[int] | None = None,
                  use_cache: bool = True, sliding_window: bool = False,
-                 streaming: tuple[int, int] | None = None,
+                 streaming: tuple[int, int] | None = None, prune_threshold: float | None = None,
                  generator: torch.Generator | None = None, vocab_limit: int | None = None) -> None:
         cfg = model.cfg
         if not isinstance(idx, torch.Tensor) or idx.dim() != 2 or idx.dtype != torch.long or idx.numel() == 0:
@@ -192,6 +197,10 @@ class Decoding:
                 fail(OWNER, "streaming", streaming, "is a KV cache: it needs use_cache=True and "
                      "sliding_window=False")
             check_streamable(cfg, OWNER, "streaming", streaming)
+        check_prune_threshold(cfg, OWNER, "prune_threshold", prune_threshold)
+        if prune_threshold is not None and (sliding_window or not use_cache):
+            fail(OWNER, "prune_threshold", prune_threshold, "drops keys from the KV cache: it needs "
+                 "use_cache=True and sliding_window=False")
         B, T = idx.shape
         self.end = T + max_new_tokens
         self.window = cfg.max_seq_len if sliding_window else None
@@ -225,7 +234,8 @@ class Decoding:
         if streaming is not None:
             self.cache = StreamingCache(cfg, B, *streaming, device=self.device, dtype=dtype)
         else:
-            self.cache = (KVCache(cfg, B, capacity, device=self.device, dtype=dtype)
+            self.cache = (KVCache(cfg, B, capacity, device=self.device, dtype=dtype,
+                                  prune_threshold=prune_threshold)
                           if use_cache and T <= capacity else None)
         self.streamed = 0  # tokens a streaming cache has been fed
 
@@ -236,6 +246,10 @@ class Decoding:
     @property
     def kv_cache_bytes(self) -> int:
         return 0 if self.cache is None else self.cache.nbytes
+
+    @property
+    def pruned_kv_bytes(self) -> int:
+        return sum(self.cache.pruned_bytes()) if isinstance(self.cache, KVCache) else 0
 
     def __iter__(self) -> Decoding:
         return self
@@ -299,7 +313,8 @@ def generate(model: GPT, idx: torch.Tensor, max_new_tokens: int, *, temperature:
              top_k: int | None = None, top_p: float | None = None, min_p: float | None = None,
              repetition_penalty: float = 1.0, stop_tokens: Iterable[int] | None = None,
              use_cache: bool = True, sliding_window: bool = False, streaming: tuple[int, int] | None = None,
-             generator: torch.Generator | None = None, vocab_limit: int | None = None) -> torch.Tensor:
+             prune_threshold: float | None = None, generator: torch.Generator | None = None,
+             vocab_limit: int | None = None) -> torch.Tensor:
     """idx [B, T] -> [B, T + n]: n = max_new_tokens, or fewer when every sequence picked a stop token.
 
     A sequence that stopped early is padded with its stop token repeated. See ``Decoding``.
@@ -307,7 +322,7 @@ def generate(model: GPT, idx: torch.Tensor, max_new_tokens: int, *, temperature:
     decoding = Decoding(model, idx, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                         min_p=min_p, repetition_penalty=repetition_penalty, stop_tokens=stop_tokens,
                         use_cache=use_cache, sliding_window=sliding_window, streaming=streaming,
-                        generator=generator, vocab_limit=vocab_limit)
+                        prune_threshold=prune_threshold, generator=generator, vocab_limit=vocab_limit)
     for _ in decoding:
         pass
     return decoding.idx.clone()  # cloned outside inference mode: an ordinary tensor

@@ -145,12 +145,13 @@ def test_cached_decoding_of_the_score_variants_with_latent_attention(fields):
 
 # The pairs ModelConfig refuses (latent attention fixes its own queries, keys and values and needs
 # RoPE, where FoX and stick-breaking rows take NoPE; a sink per differential map is undefined; a sink
-# is a softmax column, and differential attention subtracts softmax maps); every other pair of
-# variants works together.
+# is a softmax column, and differential attention subtracts softmax maps; selective attention sums
+# over every earlier query of one head's map); every other pair of variants works together.
 REFUSED_PAIRS = {("qk_norm", "mla"), ("qk_norm_after", "mla"), ("sinks", "diff"), ("diff", "mla"),
                  ("mla", "value_embeds"), ("sinks", "stick_breaking"), ("sinks", "sigmoid"), ("diff", "fox"),
                  ("diff", "stick_breaking"), ("diff", "sigmoid"), ("mla", "fox"), ("mla", "stick_breaking"),
-                 ("diff", "xsa")}
+                 ("diff", "xsa"), ("window", "selective"), ("local_global", "selective"),
+                 ("diff", "selective")}
 # Every pair of variants, less two values of one field (window and local_global...), which are one choice.
 PAIRS = [pair for pair in itertools.combinations(VARIANTS, 2) if not alternatives(*pair)]
 INTERACTING = [(first, second) for first, second in PAIRS if stages(first) & stages(second)]

@@ -53,6 +53,7 @@ STAGES: dict[str, frozenset[str]] = {
     "canon": frozenset({INPUT, CACHE}),  # the cache keeps each layer's latest inputs
     "forget_gate": frozenset({SCORES, CACHE}),  # a decay of the scores, log gates in the cache
     "attn_fn": frozenset({SCORES}),
+    "selective_attn": frozenset({SCORES, CACHE}),  # F on the scores, its column sums in the cache
     "pos": frozenset(),  # an encoding: every variant is decoded with each of several (test_generate.py)
 }
 EVERY_STAGE = frozenset({INPUT, QKV, SCORES, OUTPUT, CACHE, LOGITS})

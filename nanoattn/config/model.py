@@ -62,6 +62,7 @@ class ModelConfig:
     t5_max_distance: int = 128  # T5 bias: distances past this share the last bucket
     fire_mlp_width: int = 32  # FIRE: hidden width of the bias MLP
     cope_npos_max: int = 64  # CoPE: contextual positions are clipped below this
+    pope_phase_bias: bool = True  # PoPE: a learned phase bias per layer, head and frequency (from 0)
     # Llama 4's query temperature on NoPE layers: None = off; else floor_scale (Llama 4: 8192).
     temperature_floor_scale: int | None = None
     temperature_attn_scale: float = 0.1  # Llama 4's attn_scale
@@ -102,6 +103,10 @@ class ModelConfig:
     # Canon layers (Allen-Zhu 2025, Canon-A): 0 = off; else the width of a causal depthwise convolution,
     # with a residual, of every attention block's normalised input (token shift: width 2, on the embeddings).
     canon: int = 0
+    # Selective attention (Leviathan et al. 2024): head 0's positive logits, summed over the earlier
+    # queries (F), are subtracted from every head's logits, so a token can mask earlier ones for all later
+    # queries; the KV cache keeps F's column sums. Not with sliding_window or diff_attn.
+    selective_attn: bool = False
     # How attention is computed, the same function either way: auto (on CPU in bf16 with up to 512 keys,
     # two bf16 matmuls and a softmax, faster there; else SDPA) | sdpa (SDPA wherever it can compute it).
     attn_kernel: str = "auto"
@@ -128,7 +133,8 @@ class ModelConfig:
         self._check_pos()
         check_choice(own, "norm", self.norm, NORMS)
         check_choice(own, "qk_norm", self.qk_norm, QK_NORMS)
-        for name in ("attn_sinks", "forget_gate", "token_shift", "bias", "tie_embeddings"):
+        for name in ("attn_sinks", "forget_gate", "token_shift", "selective_attn", "pope_phase_bias", "bias",
+                     "tie_embeddings"):
             check_bool(own, name, getattr(self, name))
         check_choice(own, "attn_kernel", self.attn_kernel, ATTN_KERNELS)
         check_choice(own, "attn_fn", self.attn_fn, ATTN_FNS)
@@ -138,6 +144,7 @@ class ModelConfig:
         self._check_diff_attn()
         self._check_mla()
         self._check_sliding_window()
+        self._check_selective_attn()
         self._check_value_embeds()
         self._check_output_variants()
         for name in ("attn_softcap", "logit_softcap"):
@@ -231,6 +238,17 @@ class ModelConfig:
         for name, value, want in fixed:
             if value != want:
                 fail("model", name, value, f"must be {want!r} {why}")
+
+    def _check_selective_attn(self) -> None:
+        if not self.selective_attn:
+            return
+        if self.sliding_window is not None:
+            fail("model", "selective_attn", self.selective_attn, f"cannot be combined with sliding_window="
+                 f"{self.sliding_window!r}: the paper's F sums over every earlier query of a global layer, "
+                 "and a window already drops the keys selective attention would prune")
+        if self.diff_attn:
+            fail("model", "selective_attn", self.selective_attn, "cannot be combined with diff_attn=True: "
+                 "the paper selects with one softmax head's logits, and a differential head has two maps")
 
     def _check_value_embeds(self) -> None:
         if not (is_int(self.value_embeds) and 0 <= 2 * self.value_embeds <= self.n_layer):

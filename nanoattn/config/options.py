@@ -70,6 +70,7 @@ ATTENTION_VARIANTS: dict[str, Fields] = {
     # Tan et al. 2025: each earlier key takes sigma(s) of what the nearer keys left; NoPE, as the paper.
     "stick_breaking": dict(attn_fn="stick_breaking", pos="nope"),
     "sigmoid": dict(attn_fn="sigmoid"),  # Ramapuram et al. 2024: sigma(s - log n) per key, unnormalised
+    "selective": dict(selective_attn=True),  # Leviathan et al. 2024: head 0's logits mask tokens for later
 }
 
 

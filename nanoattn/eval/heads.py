@@ -26,7 +26,11 @@ Design choices:
   hooks on the variant's pieces (``model/gates.py``) during the fast path or off its parameters:
   the output gate's mean value per head and the share of heads it keeps near 0, Scalable-Softmax's
   learned s and its factor at the windows' length, the share of each head's output that exclusive
-  self-attention removes, the canon taps by distance.
+  self-attention removes, the canon taps by distance. Selective attention masks keys for a whole
+  layer, so its statistic is the layer's (``selective_pruning``), read off a KV cache that prunes
+  at ``SELECTIVE_PRUNE_F``: the fraction of a window's tokens the last query no longer sees, the
+  K/V bytes that frees, and the mean share 1 - exp(-F) of a token's unnormalised weight that F
+  takes from the next query (0: nothing masked, 1: everything).
 - Score functions other than softmax (``attn_fn``) give weights that need not sum to 1:
   ``weight_sum`` is sigmoid attention's row sum and ``sink_mass`` what no key got, stick-breaking's
   stick left over. FoX's forget gates (``forget_gate``) are read off each gate's output during the
@@ -37,6 +41,7 @@ Design choices:
 
 from __future__ import annotations
 
+import math
 import operator
 import unicodedata
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -46,7 +51,7 @@ from typing import Any
 import torch
 
 from nanoattn.eval.tables import format_table
-from nanoattn.model import GPT
+from nanoattn.model import GPT, KVCache
 from nanoattn.validation import check_choice, check_positive_int, fail
 
 # The first query the statistics average over; queries 0 and 1 see fewer than three distinct keys.
@@ -63,6 +68,9 @@ LOCAL_MAX_OFFSET = 4.0
 BROAD_MIN_ENTROPY = 0.6
 # attn_gate: a head whose gate averages below this is counted as switched off (its output mostly 0).
 GATE_NEAR_ZERO = 0.1
+# Selective attention: a key counts as masked once its F passes ln 100, when F has cut its unnormalised
+# weight to a hundredth; the paper tunes memory budgets per layer instead.
+SELECTIVE_PRUNE_F = math.log(100.0)
 KINDS = ("first_token", "previous_token", "current_token", "delimiter", "local", "broad", "mixed")
 PRUNE_SCOPES = ("global", "layer")
 STATISTICS = ("entropy", "normalized_entropy", "mean_offset", "prev_token_mass", "first_token_mass",
@@ -235,7 +243,8 @@ def variant_statistics(model: GPT, batches: Sequence[Batch]) -> dict[str, dict[s
     - ``ssmax``: the learned ``s`` per query head and ``factor``, s log n at the windows' last query;
     - ``xsa``: ``removed`` per query head, cos^2 between each output y_i and the token's value v_i:
       the share of |y_i|^2 that the exclusion takes out; and its ``mean``;
-    - ``canon``: ``taps``, the mean |weight| per layer at distance 0 (the token), 1, ... back.
+    - ``canon``: ``taps``, the mean |weight| per layer at distance 0 (the token), 1, ... back;
+    - ``selective_attn``: ``selective_pruning`` at ``SELECTIVE_PRUNE_F``.
     """
     _check_batches(batches)
     cfg, seq_len = model.cfg, batches[0][0].shape[1]
@@ -291,6 +300,8 @@ def variant_statistics(model: GPT, batches: Sequence[Batch]) -> dict[str, dict[s
     if cfg.canon:
         stats["canon"] = {"taps": [block.canon.weight.abs().mean(0).flip(0).tolist()
                                    for block in model.blocks]}
+    if cfg.selective_attn:
+        stats["selective_attn"] = selective_pruning(model, batches)
     return stats
 @contextmanager
 def recorded_forget_gates(model: GPT) -> Iterator[dict[int, torch.Tensor]]:
@@ -305,6 +316,36 @@ def recorded_forget_gates(model: GPT) -> Iterator[dict[int, torch.Tensor]]:
     finally:
         for handle in handles:
             handle.remove()
+
+
+@torch.no_grad()
+def selective_pruning(model: GPT, batches: Sequence[Batch],
+                      threshold: float = SELECTIVE_PRUNE_F) -> dict[str, Any]:
+    """A selective-attention model over the windows of ``batches``, lists per layer: ``pruned_fraction``,
+    the share of a window's tokens whose F has passed ``threshold`` by its end (context pruning drops
+    them), ``pruned_kv_bytes`` per window, what dropping them frees, and ``masked_mass``, the mean of
+    1 - exp(-F) over the window's tokens for the query after it; ``mean``, the pruned fraction over
+    the layers, and the ``threshold``."""
+    _check_batches(batches)
+    cfg = model.cfg
+    if not cfg.selective_attn:
+        fail("model", "selective_attn", cfg.selective_attn, "must be true for selective_pruning: the model "
+             "has no selection to prune by")
+    pruned, freed, mass = (torch.zeros(cfg.n_layer, dtype=torch.float64) for _ in range(3))
+    tokens, windows = 0, 0
+    for x, _ in batches:
+        B, T = x.shape
+        cache = KVCache(cfg, B, T, device=x.device, dtype=model.tok_emb.weight.dtype,
+                        prune_threshold=threshold)
+        model.hidden_states(x, cache=cache)
+        pruned += torch.tensor(cache.pruned_tokens(), dtype=torch.float64)
+        freed += torch.tensor(cache.pruned_bytes(), dtype=torch.float64)
+        mass += torch.stack([(1 - torch.exp(-sums)).sum().double().cpu() for sums in cache.selection])
+        tokens, windows = tokens + B * T, windows + B
+    fraction = pruned / tokens
+    return {"threshold": float(threshold), "pruned_fraction": fraction.tolist(),
+            "pruned_kv_bytes": (freed / windows).tolist(), "masked_mass": (mass / tokens).tolist(),
+            "mean": float(fraction.mean())}
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -43,7 +43,8 @@ Design:
   output gate multiplies the heads, in that order, before ``head_mask`` and W_O.
 - The positional encoding is the layer's own (``GPT`` hands it ``pos.for_layer(layer)``) and is
   asked for what it does (``rotate``, ``scale_queries``, ``scale_keys``, ``bias``); this module
-  never branches on its name.
+  never branches on its name. Selective attention's F is an additive bias that stands in for the
+  encoding (``selective.py``).
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ from nanoattn.model.cache import KVCache, StreamingCache
 from nanoattn.model.gates import ExcludeSelf, OutputGate, ScalableSoftmax
 from nanoattn.model.layers import dropout
 from nanoattn.model.score_functions import SCORE_FUNCTIONS, ForgetGate
+from nanoattn.model.selective import SelectiveBias
 from nanoattn.positional.base import PositionalEncoding
 
 # Largest mask/bias chunk, in elements of [B, n_head, chunk, T_k], built at once on the bias path.
@@ -115,6 +117,7 @@ class CausalAttention(nn.Module, abc.ABC):
         self.explicit = self.score_cap is not None or self.sinks is not None or not self.score_fn.sdpa
         self.window = cfg.layer_window[layer]  # None: every earlier key
         self.kernel = cfg.attn_kernel
+        self.selective = cfg.selective_attn
         # When a tensor (GPT.max_attention_logit sets it), attention runs explicitly in query chunks
         # and keeps the largest |q.k| / sqrt(d) of a visible key here, before any cap.
         self.largest_logit: torch.Tensor | None = None
@@ -144,6 +147,8 @@ class CausalAttention(nn.Module, abc.ABC):
             q = self.ssmax(q, positions)
         if self.forget_gate is not None:  # the gates' decay joins the encoding's bias
             pos = self.forget_gate(x, pos, k_positions, cache, layer)
+        if self.selective:  # F joins the encoding's bias (selective.py)
+            pos = SelectiveBias.start(pos, q, k, lambda s: softcap(s, self.score_cap), cache, layer)
         y, weights = self._heads(q, k, v, positions, k_positions, pos, layer, return_weights)
         if self.exclude_self is not None:
             y = self.exclude_self(y, v[:, :, -x.shape[1]:])  # the new tokens' own values, the newest

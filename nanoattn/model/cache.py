@@ -19,13 +19,14 @@ in recomputation.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 
 from nanoattn.positional import REGISTRY
 from nanoattn.runtime import check_fits
-from nanoattn.validation import fail
+from nanoattn.validation import as_float, fail
 
 
 def check_streamable(cfg, owner: str, name: str, value: Any) -> None:
@@ -37,48 +38,75 @@ def check_streamable(cfg, owner: str, name: str, value: Any) -> None:
     if embedded:
         fail(owner, name, value, f"needs positions inside attention, which the cache can move; "
              f"pos={cfg.pos!r} adds them to the embeddings, where cached values keep them")
+    if cfg.selective_attn:
+        fail(owner, name, value, "cannot decode model.selective_attn=True: its F sums over every earlier "
+             "query and token, which an eviction that moves tokens would have to move too (prune_threshold "
+             "is its own way to drop keys)")
+
+
+def check_prune_threshold(cfg, owner: str, name: str, value: Any) -> None:
+    """Selective attention's context pruning threshold: None (keep every key) or a number >= 0, and only
+    for a model with ``selective_attn``. Refused naming ``owner.name=value``."""
+    if value is None:
+        return
+    if not (math.isfinite(as_float(value)) and value >= 0):
+        fail(owner, name, value, "must be a number >= 0 (keys whose accumulated selection F passes it are "
+             "dropped) or None")
+    if not cfg.selective_attn:
+        fail(owner, name, value, "needs model.selective_attn=True: context pruning drops the keys selective "
+             "attention masked, and this model has none")
 
 
 class _LayerBuffers:
     """What both caches share: per-layer K and V buffers ``self.k``, ``self.v``, each
-    [B, n_kv_head, slots, head_dim]; with multi-head latent attention, the joint latent
-    [B, 1, slots, mla_kv_rank] and the unrotated shared rotary key [B, 1, slots, mla_rope_dim]; with
-    forget gates, ``self.log_gates`` [B, n_head, slots] per layer (none: an empty list)."""
+    [B, n_kv_head, slots, width]: keys as attention reads them (``PositionalEncoding.key_width``: PoPE's
+    are 2 x head_dim) when cached mapped, head_dim when cached before the map; values head_dim. With
+    multi-head latent attention, the joint latent [B, 1, slots, mla_kv_rank] and the unrotated shared
+    rotary key [B, 1, slots, mla_rope_dim]; with forget gates, ``self.log_gates`` [B, n_head, slots]
+    per layer; with selective attention, ``self.selection`` [B, slots] per layer, float32, the column
+    sums of its selection matrix over the queries seen (``selective.py``) (none: empty lists)."""
 
     k: list[torch.Tensor]
     v: list[torch.Tensor]
     log_gates: list[torch.Tensor]
+    selection: list[torch.Tensor]
     # With token_shift: the newest cached token's embedding [B, 1, d_model], the next token's predecessor.
     last_embedding: torch.Tensor | None = None
     # With canon layers: each layer's newest canon - 1 inputs [B, canon - 1, d_model] (gates.Canon).
     canon_inputs: list[torch.Tensor | None]
 
     def _allocate(self, cfg, batch_size: int, slots: list[int], device, dtype: torch.dtype,
-                  what: str) -> None:
+                  what: str, mapped_keys: bool) -> None:
         device = torch.device(device) if device is not None else torch.get_default_device()
         self.canon_inputs = [None] * cfg.n_layer
         if cfg.mla_kv_rank is None:
-            widths = ((cfg.n_kv_head, cfg.head_dim), (cfg.n_kv_head, cfg.head_dim))
+            key_widths = [REGISTRY[name].key_width(cfg.head_dim) if mapped_keys else cfg.head_dim
+                          for name in cfg.layer_pos]
+            widths = [((cfg.n_kv_head, key), (cfg.n_kv_head, cfg.head_dim)) for key in key_widths]
         else:
-            widths = ((1, cfg.mla_kv_rank), (1, cfg.mla_rope_dim))
+            widths = [((1, cfg.mla_kv_rank), (1, cfg.mla_rope_dim))] * cfg.n_layer
         gate_heads = cfg.n_head if cfg.forget_gate else 0
-        per_slot = batch_size * (sum(heads * width for heads, width in widths) * dtype.itemsize
-                                 + gate_heads * torch.float32.itemsize)
-        check_fits(sum(slots) * per_slot, device, what)
-        (k_heads, k_width), (v_heads, v_width) = widths
-        self.k = [torch.zeros(batch_size, k_heads, n, k_width, device=device, dtype=dtype) for n in slots]
-        self.v = [torch.zeros(batch_size, v_heads, n, v_width, device=device, dtype=dtype) for n in slots]
+        sums = 1 if cfg.selective_attn else 0  # F's column sum: one float32 a token
+        per_slot = [batch_size * (sum(heads * width for heads, width in layer) * dtype.itemsize
+                                  + (gate_heads + sums) * torch.float32.itemsize) for layer in widths]
+        check_fits(sum(n * size for n, size in zip(slots, per_slot, strict=True)), device, what)
+        self.k = [torch.zeros(batch_size, heads, n, width, device=device, dtype=dtype)
+                  for n, ((heads, width), _) in zip(slots, widths, strict=True)]
+        self.v = [torch.zeros(batch_size, heads, n, width, device=device, dtype=dtype)
+                  for n, (_, (heads, width)) in zip(slots, widths, strict=True)]
         self.log_gates = [torch.zeros(batch_size, gate_heads, n, device=device) for n in slots if gate_heads]
+        self.selection = [torch.zeros(batch_size, n, device=device) for n in slots if sums]
 
     def _layers(self) -> list[tuple[torch.Tensor, ...]]:
-        """Each layer's buffers, slots in dim 2: K, V and its log gates, if any."""
+        """Each layer's buffers: K, V, its log gates and F's column sums, if any (slots: K's dim 2)."""
         gates = self.log_gates or [None] * len(self.k)
+        sums = self.selection or [None] * len(self.k)
         return [tuple(b for b in buffers if b is not None)
-                for buffers in zip(self.k, self.v, gates, strict=True)]
+                for buffers in zip(self.k, self.v, gates, sums, strict=True)]
 
     def bytes_per_token(self) -> int:
-        """The bytes one cached token takes: a slot of K and V (and the log gates) in every layer, the
-        whole batch."""
+        """The bytes one cached token takes: a slot of K and V (and the log gates, F's sums) in every
+        layer, the whole batch."""
         return sum(sum(b.nbytes for b in buffers) // buffers[0].shape[2] for buffers in self._layers())
 
     @property
@@ -93,15 +121,33 @@ class _LayerBuffers:
 class KVCache(_LayerBuffers):
     positions_in_cache = False  # keys are cached rotated at their position in the sequence
 
-    def __init__(self, cfg, batch_size: int, capacity: int, *, device=None, dtype=torch.float32) -> None:
+    def __init__(self, cfg, batch_size: int, capacity: int, *, device=None, dtype=torch.float32,
+                 prune_threshold: float | None = None) -> None:
+        """``prune_threshold``: selective attention's context pruning (``selective.py``); None keeps all."""
+        check_prune_threshold(cfg, "KVCache", "prune_threshold", prune_threshold)
+        self.prune_threshold = prune_threshold
         # Slots per layer: the whole capacity, or a window layer's W - 1 (at least one slot).
         self.slots = [capacity if window is None else max(1, min(capacity, window - 1))
                       for window in cfg.layer_window]
         self.rolling = [window is not None for window in cfg.layer_window]
         self._allocate(cfg, batch_size, self.slots, device, dtype,
-                       f"a KV cache for {batch_size} sequence(s) x {capacity} tokens")
+                       f"a KV cache for {batch_size} sequence(s) x {capacity} tokens", mapped_keys=True)
         self.capacity = capacity
         self.length = 0  # tokens stored; advanced by the model once every layer has written
+
+    def pruned_tokens(self) -> list[int]:
+        """Per layer, the cached tokens (summed over the batch) that context pruning has dropped: those
+        whose column sum of F passed ``prune_threshold``. F only grows, so a dropped token stays dropped."""
+        if self.prune_threshold is None:
+            return [0] * len(self.k)
+        return [int((sums[:, :self.length] > self.prune_threshold).sum()) for sums in self.selection]
+
+    def pruned_bytes(self) -> list[int]:
+        """Per layer, the bytes of the slots the dropped tokens hold (K, V and F's sums): what a cache
+        that compacts them away frees. This cache is allocated for its capacity up front and keeps them."""
+        per_token = [sum(b.nbytes for b in buffers) // (buffers[0].shape[0] * buffers[0].shape[2])
+                     for buffers in self._layers()]  # one token of one sequence, per layer
+        return [count * size for count, size in zip(self.pruned_tokens(), per_token, strict=True)]
 
     def make_room(self, new_tokens: int) -> None:
         """Called before ``new_tokens`` are encoded: refuses them when they do not fit."""
@@ -151,7 +197,8 @@ class StreamingCache(_LayerBuffers):
                  dtype=torch.float32) -> None:
         self.n_sink, self.capacity = n_sink, n_sink + window
         self._allocate(cfg, batch_size, [self.capacity] * cfg.n_layer, device, dtype,
-                       f"a streaming KV cache for {batch_size} sequence(s) x {self.capacity} tokens")
+                       f"a streaming KV cache for {batch_size} sequence(s) x {self.capacity} tokens",
+                       mapped_keys=False)
         self.length = 0  # tokens held: slots 0 .. length - 1
 
     def next_piece(self) -> int:

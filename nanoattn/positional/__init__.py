@@ -8,6 +8,7 @@ from nanoattn.positional.kerple import KERPLELogPositionalEncoding, KERPLEPowerP
 from nanoattn.positional.layout import LayerLayout
 from nanoattn.positional.learned import LearnedPositionalEncoding
 from nanoattn.positional.nope import NoPositionalEncoding
+from nanoattn.positional.pope import PolarPositionalEncoding
 from nanoattn.positional.rope import RotaryPositionalEncoding
 from nanoattn.positional.sinusoidal import (
     ScaledSinusoidalPositionalEncoding,
@@ -30,6 +31,7 @@ REGISTRY: dict[str, type[PositionalEncoding]] = {
     "fire": FIREPositionalEncoding,
     "cope": CoPEPositionalEncoding,
     "xpos": XPosPositionalEncoding,
+    "pope": PolarPositionalEncoding,
 }
 
 

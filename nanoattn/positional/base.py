@@ -51,6 +51,12 @@ class PositionalEncoding(nn.Module):
     def check_config(cls, cfg) -> None:
         """Raise a one-line ValueError when ``cfg`` (a ModelConfig using this encoding) is invalid for it."""
 
+    @classmethod
+    def key_width(cls, head_dim: int) -> int:
+        """The width of a query or key head after ``rotate`` and the scales, as attention reads it and the
+        KV cache stores it: head_dim, or more for a map to other coordinates (PoPE: 2 x head_dim)."""
+        return head_dim
+
     def reset_parameters(self) -> None:
         """Initialise the encoding's own parameters; the model calls it after its generic init."""
 

@@ -35,7 +35,7 @@ class LayerLayout(PositionalEncoding):
             encoding.reset_parameters()
 
     def for_layer(self, layer: int) -> PositionalEncoding:
-        return self.encodings[self.names[layer]]
+        return self.encodings[self.names[layer]].for_layer(layer)
 
     def check_length(self, seq_len: int) -> None:
         for encoding in self.encodings.values():

@@ -12,7 +12,7 @@ from nanoattn.positional import REGISTRY, alibi_slopes, build_positional, sinuso
 
 def test_registry_names_match_the_config_choices():
     assert set(REGISTRY) == {"sinusoidal", "sinusoidal_scaled", "learned", "rope", "alibi", "nope", "t5",
-                             "kerple_log", "kerple_power", "fire", "xpos", "cope"}
+                             "kerple_log", "kerple_power", "fire", "xpos", "cope", "pope"}
 
 
 @pytest.mark.parametrize("pos,i", [(0, 0), (1, 0), (7, 3), (100, 10), (4000, 31), (12345, 1)])
