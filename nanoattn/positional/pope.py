@@ -59,11 +59,15 @@ PHASE_BIAS_RANGE = (-2 * math.pi, 0.0)
 
 
 class PolarLayer(RotaryPositionalEncoding):
-    """PoPE in one layer: RoPE's phase tables at width 2d and this layer's phase bias [n_head, d]."""
+    """PoPE in one layer: RoPE's phase tables at width 2d and this layer's phase bias, one per head and
+    frequency, stored flat [n_head * d] as a bias is: weight decay, which the optimizer gives only
+    to matrices, would pull the angles toward 0."""
 
     def __init__(self, cfg, layers) -> None:
         super().__init__(cfg, layers, head_dim=2 * cfg.head_dim)  # tables [L, head_dim]: d frequencies
-        self.phase_bias = nn.Parameter(torch.zeros(cfg.n_head, cfg.head_dim)) if cfg.pope_phase_bias else None
+        self.n_head = cfg.n_head
+        flat = torch.zeros(cfg.n_head * cfg.head_dim)
+        self.phase_bias = nn.Parameter(flat) if cfg.pope_phase_bias else None
 
     def reset_parameters(self) -> None:
         if self.phase_bias is not None:
@@ -86,8 +90,9 @@ class PolarLayer(RotaryPositionalEncoding):
         if self.phase_bias is None:
             return q * math.sqrt(2.0)
         # (a + ib) e^{-i delta} = (a cos + b sin) + i (b cos - a sin), per head and frequency
-        cos = (torch.cos(self.phase_bias) * math.sqrt(2.0)).to(q.dtype)[:, None]  # [n_head, 1, d]
-        sin = (torch.sin(self.phase_bias) * math.sqrt(2.0)).to(q.dtype)[:, None]
+        delta = self.phase_bias.view(self.n_head, 1, -1)  # [n_head, 1, d]
+        cos = (torch.cos(delta) * math.sqrt(2.0)).to(q.dtype)
+        sin = (torch.sin(delta) * math.sqrt(2.0)).to(q.dtype)
         a, b = q.chunk(2, dim=-1)  # [B, n_head, T, d] each
         return torch.cat((a * cos + b * sin, b * cos - a * sin), dim=-1)
 

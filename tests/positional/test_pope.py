@@ -18,6 +18,7 @@ from nanoattn import GPT, KVCache, ModelConfig
 from nanoattn.model import Attention
 from nanoattn.positional import build_positional
 from nanoattn.positional.pope import PHASE_BIAS_RANGE, PolarLayer
+from nanoattn.train.optim import param_groups
 from nanoattn.train.step import project_parameters
 
 D = 8  # head_dim in these tests
@@ -63,7 +64,7 @@ def test_the_score_is_the_papers_polar_form(phase_bias):
     q, k = torch.randn(1, 4, 3, D, generator=g) * 2, torch.randn(1, 4, 5, D, generator=g) * 2
     t, s = torch.tensor([4, 40, 1000]), torch.tensor([0, 3, 4, 39, 999])  # far past max_seq_len too
     got = layer_scores(layer, q, k, t, s, 1001)
-    delta = layer.phase_bias.detach() if phase_bias else torch.zeros(4, D)
+    delta = layer.phase_bias.detach().view(4, D) if phase_bias else torch.zeros(4, D)
     for h in range(4):
         for i in range(3):
             for j in range(5):
@@ -93,7 +94,7 @@ def test_pope_matches_x_transformers_polar_embedding():
     layer = with_phase_bias(build_positional(cfg).for_layer(0))
     theirs = PolarEmbedding(D, 4)
     with torch.no_grad():
-        theirs.learned_bias.copy_(layer.phase_bias[:, None])  # [heads, 1, dim]
+        theirs.learned_bias.copy_(layer.phase_bias.view(4, 1, D))  # [heads, 1, dim]
     g = torch.Generator().manual_seed(2)
     q, k = torch.randn(2, 4, 12, D, generator=g), torch.randn(2, 4, 12, D, generator=g)
     positions = torch.arange(12)
@@ -112,8 +113,8 @@ def test_with_gqa_each_query_head_keeps_its_own_phase_bias():
     positions = torch.arange(6)
     got = layer_scores(layer, q, k.expand(1, 4, 6, D), positions, positions, 6)
     for h in range(4):  # head h alone against the paper's form with its own delta
-        expected = polar_score(q[0, h, 5].tolist(), k[0, 0, 2].tolist(), 5, 2, layer.phase_bias[h].tolist(),
-                               cfg.rope_theta)
+        expected = polar_score(q[0, h, 5].tolist(), k[0, 0, 2].tolist(), 5, 2,
+                               layer.phase_bias.view(4, D)[h].tolist(), cfg.rope_theta)
         assert got[0, h, 5, 2].item() == pytest.approx(expected, rel=1e-5, abs=1e-5)
 
 
@@ -124,7 +125,9 @@ def test_each_layer_has_its_own_phase_bias_kept_in_range_and_learned_from_zero()
     assert pope[0] is not pope[1] and all(isinstance(p, PolarLayer) for p in pope)
     assert [name for name, _ in model.named_parameters() if "phase_bias" in name] == [
         "pos.encodings.pope.by_layer.0.phase_bias", "pos.encodings.pope.by_layer.1.phase_bias"]
-    assert all(torch.equal(p.phase_bias, torch.zeros(4, D)) for p in pope)  # PoPE without the bias
+    assert all(torch.equal(p.phase_bias, torch.zeros(4 * D)) for p in pope)  # PoPE without the bias
+    _, keep = param_groups(model, 0.1)
+    assert {id(p.phase_bias) for p in pope} <= {id(p) for p in keep["params"]}  # an angle: not decayed
     idx = torch.randint(0, 32, (2, 12), generator=torch.Generator().manual_seed(4))
     model.loss(idx[:, :-1], idx[:, 1:]).backward()
     assert all(p.phase_bias.grad.abs().sum() > 0 for p in pope)
@@ -132,8 +135,8 @@ def test_each_layer_has_its_own_phase_bias_kept_in_range_and_learned_from_zero()
         pope[0].phase_bias.fill_(1.0)
         pope[1].phase_bias.fill_(-7.0)
     project_parameters(model)
-    assert torch.equal(pope[0].phase_bias, torch.zeros(4, D))
-    assert torch.equal(pope[1].phase_bias, torch.full((4, D), -2 * math.pi))
+    assert torch.equal(pope[0].phase_bias, torch.zeros(4 * D))
+    assert torch.equal(pope[1].phase_bias, torch.full((4 * D,), -2 * math.pi))
 
 
 def test_the_phase_bias_is_optional():
@@ -181,7 +184,7 @@ def test_attention_with_pope_is_the_papers_attention():
         got, _ = attn(x, pe.for_layer(0), torch.arange(6), 6)
     w = attn.qkv.weight.double()
     heads = (x.double() @ w.T).view(6, 8, D)  # [T, q heads 0-3 | k heads 4-5 | v heads 6-7, D]
-    delta = pe.for_layer(0).phase_bias.double()
+    delta = pe.for_layer(0).phase_bias.double().view(4, D)
     out = torch.zeros(6, 4, D, dtype=torch.float64)
     for h in range(4):
         kv = h // 2
