@@ -62,12 +62,14 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as lla
 from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextAttention, Qwen3NextRotaryEmbedding
 from transformers.models.t5.modeling_t5 import T5Attention
 from variants import at_test_size
-from x_transformers.attend import Attend
+from x_transformers.attend import Attend, selective_attn
 from x_transformers.x_transformers import (
     AlibiPositionalBias,
     CoPE,
     DataDependentAlibi,
+    PolarEmbedding,
     ScaledSinusoidalEmbedding,
+    apply_polar_pos_emb,
 )
 from x_transformers.x_transformers import Attention as XAttention
 
@@ -80,6 +82,7 @@ from nanoattn.model import Attention
 from nanoattn.model import attention as attention_module
 from nanoattn.model.gates import Canon
 from nanoattn.model.latent import LatentAttention
+from nanoattn.model.selective import SelectiveBias
 from nanoattn.positional import alibi_slopes, build_positional
 
 
@@ -252,9 +255,65 @@ def xpos_rotary_embedding_torch() -> float:
     return max(difference(a[..., order], b) for a, b in zip(ours, theirs, strict=True))
 
 
+def pope_x_transformers() -> float:
+    """The logits of PoPE-mapped queries and keys, MHA, head_dim 16: x-transformers' PolarEmbedding +
+    apply_polar_pos_emb, scaled by dim_head^-0.5 as its Attend; at positions 0-31 and 5000-5031 without
+    the phase bias, and at 0-31 with it drawn in its range (x-transformers adds it to the float32 phase
+    s theta, which near position 5,000 rounds the sum by up to 2.4e-4 rad; nanoattn turns by it apart)."""
+    D = 16
+    worst = 0.0
+    for positions, drawn in ((ROTATED, False), (torch.arange(32), True)):
+        pos = build_positional(ModelConfig(d_model=4 * D, n_head=4, pos="pope")).for_layer(0)
+        theirs = PolarEmbedding(D, 4)
+        with torch.no_grad():
+            if drawn:
+                pos.phase_bias.uniform_(-2 * math.pi, 0.0, generator=torch.Generator().manual_seed(2))
+            theirs.learned_bias.copy_(pos.phase_bias.view(4, 1, D))
+        q, k = randn(2, 4, len(positions), D), randn(2, 4, len(positions), D, seed=1)
+        seq_len = int(positions.max()) + 1
+        q2 = pos.scale_queries(pos.rotate(q, positions, seq_len), positions)
+        k2 = pos.scale_keys(pos.rotate(k, positions, seq_len), positions)
+        ours = q2 @ k2.transpose(-2, -1) / math.sqrt(2 * D)  # attention's 1 / sqrt(width)
+        freqs, bias = theirs(positions)
+        keys = apply_polar_pos_emb(k, freqs + bias)
+        reference = apply_polar_pos_emb(q, freqs) @ keys.transpose(-2, -1) * D ** -0.5
+        seen = visible(positions, positions)
+        worst = max(worst, difference(ours[..., seen], reference[..., seen]))
+    return worst
+
+
+def pope_paper() -> float:
+    """An attention layer, GQA, 20 tokens: sum_c softplus(q_c) softplus(k_c) cos((s - t) theta_c + delta_hc)
+    / sqrt(d), theta_c = theta^(-c/d), causal softmax, the K/V heads repeated per group, W_O; float64."""
+    torch.manual_seed(0)
+    T, H, Hkv, D = 20, 4, 2, 16
+    cfg = ModelConfig(d_model=64, n_head=H, n_kv_head=Hkv, pos="pope")
+    attn, pos = Attention(cfg).eval(), build_positional(cfg).for_layer(0)
+    with torch.no_grad():
+        pos.phase_bias.uniform_(-2 * math.pi, 0.0)
+        x = torch.randn(2, T, 64)
+        got = attn(x, pos, torch.arange(T), T)[0]
+        q_w, k_w, v_w = attn.qkv.weight.double().split([H * D, Hkv * D, Hkv * D])
+        heads = lambda w: (x.double() @ w.T).view(2, T, -1, D).transpose(1, 2)  # noqa: E731  [B, h, T, D]
+        q, k = torch.nn.functional.softplus(heads(q_w)), torch.nn.functional.softplus(heads(k_w))
+        k, v = k.repeat_interleave(H // Hkv, dim=1), heads(v_w).repeat_interleave(H // Hkv, dim=1)
+        theta = 10000.0 ** (-torch.arange(D, dtype=torch.float64) / D)  # [D]
+        t = torch.arange(T, dtype=torch.float64)
+        phase = (t[None, :] - t[:, None])[None, :, :, None] * theta + pos.phase_bias.double().view(H, 1, 1, D)
+        scores = (q[:, :, :, None, :] * k[:, :, None, :, :] * torch.cos(phase)).sum(-1) / math.sqrt(D)
+        future = torch.ones(T, T, dtype=torch.bool).triu(1)
+        y = torch.softmax(scores.masked_fill(future, -math.inf), dim=-1) @ v
+        expected = y.transpose(1, 2).reshape(2, T, H * D) @ attn.proj.weight.double().T
+    return difference(got, expected)
+
+
 # One to three float32 roundings of O(1) products and sums on either side, in possibly another
 # order (the phase p * inv_freq is the same float32 product on both): a few 2^-24.
 ROTATION = 1e-6
+# PoPE's logits: 32 products of softplus magnitudes (up to ~4 for unit-normal inputs) and cos or sin,
+# summed in another order on each side (and times sqrt(2) on ours), into logits of size ~1: a few
+# 2^-24 of the terms' size; the phase is the same float32 product p * inv_freq on both sides.
+POPE = 5e-6
 # xPos's factor: ours exp((n - c) ln(zeta) / gamma), theirs zeta ** ((n - c) / gamma), each a few
 # float32 roundings of an exponent up to |ln(2/7)| = 1.25: relative error within ~5 x 2^-24.
 XPOS = 1e-6
@@ -548,6 +607,50 @@ def qk_norm_after_written_out() -> float:
         scores = (q @ k.transpose(-2, -1) / math.sqrt(D)).masked_fill(future, -math.inf)
         y = (torch.softmax(scores, dim=-1) @ v).transpose(1, 2).reshape(2, T, H * D)
         expected = y @ attn.proj.weight.double().T
+    return difference(got, expected)
+
+
+def selective_x_transformers() -> float:
+    """F (as the bias it subtracts) from head 0's logits of 4 heads over 24 tokens, the logits drawn so
+    that F reaches several units: x-transformers' selective_attn on the causally masked logits."""
+    T = 24
+    pos = build_positional(ModelConfig(d_model=64, n_head=4, pos="nope"))
+    q, k = randn(1, 4, T, 16) * 1.5, randn(1, 4, T, 16, seed=1) * 1.5
+    positions = torch.arange(T)
+    ours = SelectiveBias.start(pos, q, k, lambda s: s, None, 0).bias(q, k, positions, positions, 0)
+    sim = (q @ k.transpose(-2, -1) / 4).masked_fill(~visible(positions, positions), -torch.finfo(q.dtype).max)
+    theirs = selective_attn(sim) - sim  # -F, the same for every head
+    seen = visible(positions, positions)
+    acts(theirs[..., seen], torch.zeros_like(theirs[..., seen]), "the selection")
+    return difference(ours.expand(1, 4, T, T)[..., seen], theirs[..., seen])
+
+
+def selective_paper() -> float:
+    """An attention layer, GQA, 20 tokens, ALiBi: L_h = q.k / sqrt(d) + bias_h; S_kj = max(0, L_0[k, j])
+    for 0 < j < k, else 0; F_ij = sum_{k < i} S_kj; softmax_{j <= i}(L_h[i, j] - F_ij) v, W_O; float64."""
+    torch.manual_seed(0)
+    T, H, Hkv, D = 20, 4, 2, 16
+    cfg = ModelConfig(d_model=64, n_head=H, n_kv_head=Hkv, pos="alibi", **at_test_size("selective"))
+    attn, pos = Attention(cfg).eval(), build_positional(cfg)
+    with torch.no_grad():
+        attn.qkv.weight.mul_(3)  # head 0's logits of order 1: F masks keys
+        x = torch.randn(2, T, 64)
+        got = attn(x, pos, torch.arange(T), T)[0]
+        q_w, k_w, v_w = attn.qkv.weight.double().split([H * D, Hkv * D, Hkv * D])
+        heads = lambda w: (x.double() @ w.T).view(2, T, -1, D).transpose(1, 2)  # noqa: E731  [B, h, T, D]
+        q = heads(q_w)
+        k, v = (heads(w).repeat_interleave(H // Hkv, dim=1) for w in (k_w, v_w))
+        t = torch.arange(T)
+        bias = pos.bias(None, None, t, t, 0).double()  # [H, T, T]
+        logits = q @ k.transpose(-2, -1) / math.sqrt(D) + bias  # [B, H, T, T]
+        earlier = (t[None, :] < t[:, None]) & (t[None, :] > 0)  # [T, T]
+        s = logits[:, 0].relu() * earlier  # [B, T, T]
+        f = torch.stack([s[:, :i].sum(1) for i in range(T)], dim=1)  # F_ij = sum_{k < i} S_kj
+        future = torch.ones(T, T, dtype=torch.bool).triu(1)
+        y = torch.softmax((logits - f[:, None]).masked_fill(future, -math.inf), dim=-1) @ v
+        expected = y.transpose(1, 2).reshape(2, T, H * D) @ attn.proj.weight.double().T
+        plain = torch.softmax(logits.masked_fill(future, -math.inf), dim=-1) @ v
+        acts(y, plain, "F")
     return difference(got, expected)
 
 
@@ -1062,6 +1165,15 @@ ROWS: dict[str, Row] = {
               "interleaved pairs there, half-split here (dims permuted); both centre positions on "
               "max_seq_len // 2, which the reference takes from the current length: compared at that "
               "length"),)),
+    "pope": Row(ENCODING, "Gopalakrishnan et al. 2025, arXiv:2509.10534", (
+        Check("x_transformers PolarEmbedding + apply_polar_pos_emb", f"q.k logits of mapped q, k (MHA) at "
+              f"{POSITIONS}; with the phase bias at 0-31", pope_x_transformers, POPE,
+              "x-transformers adds the phase bias to the keys' phase; nanoattn turns the queries by minus it "
+              "(the same score, one bias per query head under GQA) and multiplies them by sqrt(2) against "
+              "attention's 1/sqrt(2d): compared as logits. Its bias is shared by the layers, nanoattn's per "
+              "layer; both start at 0 within [-2 pi, 0]"),
+        Check(WRITTEN_OUT, "attention layer output, GQA, 20 tokens, phase bias drawn in its range",
+              pope_paper, LAYER))),
     "rope_partial": Row(ENCODING, "Black et al. 2022 (GPT-NeoX-20B), arXiv:2204.06745", (
         Check("transformers GPTNeoXRotaryEmbedding + apply_rotary_pos_emb (rotary_pct 0.25)",
               f"rotated q, k at {POSITIONS}", rope_partial_gpt_neox, ROTATION),)),
@@ -1161,6 +1273,13 @@ ROWS: dict[str, Row] = {
               "x-transformers adds no b of its own: b = -log n given as its attn_bias. Its query head h "
               "reads K/V head h mod n_kv_head, nanoattn's h // (n_head / n_kv_head): compared at MHA and "
               "MQA, where both agree"))),
+    "selective": Row(VARIANT, "Leviathan et al. 2024, arXiv:2410.02703", (
+        Check("x_transformers.attend.selective_attn", "the bias -F, 4 heads, 24 tokens",
+              selective_x_transformers, BIAS,
+              "x-transformers recomputes every step (no cache: with cached keys it would zero another column "
+              "than the first token's and never mask the cached keys); nanoattn caches F's column sums"),
+        Check(WRITTEN_OUT, "attention layer output, GQA, ALiBi, 20 tokens", selective_paper, LAYER,
+              "S from the logits the softmax sees, the encoding's bias included"))),
 }
 
 
