@@ -200,8 +200,9 @@ class TaskConfig:
     # L: training instances have sizes drawn uniformly in [the task's min_size, L]; None: the task's own
     train_length: int | None = None
     # A curriculum: the largest training size grows from min_size to L in equal stages over the first
-    # this many steps (sizes uniform up to the stage's); 0: every size from the first step
-    curriculum_steps: int = 0
+    # this many steps (sizes uniform up to the stage's); 0: every size from the first step; None: the
+    # task's own
+    curriculum_steps: int | None = None
     # A fixed training set: rows are drawn (with replacement) from this many instances seeded by
     # train.seed, as a paper's finite data set; null: a fresh instance for every row
     train_examples: int | None = None
@@ -218,6 +219,8 @@ class TaskConfig:
         if self.name is not None and self.train_length < TASKS[self.name].min_size:
             fail(own, "train_length", self.train_length,
                  f"must be at least {TASKS[self.name].min_size}, the smallest {self.name} instance")
+        if self.curriculum_steps is None:
+            self.curriculum_steps = (Task if self.name is None else TASKS[self.name]).curriculum_steps
         check_non_negative_int(own, "curriculum_steps", self.curriculum_steps)
         if self.train_examples is not None:
             check_positive_int(own, "train_examples", self.train_examples)

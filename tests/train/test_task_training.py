@@ -29,7 +29,8 @@ def test_a_tiny_model_learns_copy_at_length_8_and_the_report_re_derives_every_in
     assert in_distribution["sizes"] == [5, 8] and in_distribution["exact"] >= 0.95
     assert in_distribution["token_accuracy"] >= 0.99 and in_distribution["exact_ci95"][0] > 0.9
     assert twice["sizes"] == [9, 16] and twice["exact"] < 0.5  # copy does not extrapolate here
-    assert report["task"] == {"name": "copy", "train_length": 8, "reversed_answer": True, "ignore_prob": 0.8}
+    assert report["task"] == {"name": "copy", "train_length": 8, "curriculum_steps": 0,
+                              "train_examples": None, "reversed_answer": True, "ignore_prob": 0.8}
     saved = json.loads((run / "task_eval.json").read_text())
     data = TaskData(TokenData(run_data_dir(resolve_checkpoint(run))), TaskConfig(name="copy").build(), 8)
     for record in saved["results"][1]["records"][:20]:

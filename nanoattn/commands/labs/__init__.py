@@ -57,7 +57,7 @@ LEARNED = 0.95  # task lab: exact match at 1x below which a row is "not learned"
 # The task budget calibration: each run trains until it learns (train.stop_at_accuracy) or this cap,
 # and the task lab's budget (configs/experiment/tasks.yaml's train.max_steps) is BUDGET_FACTOR times
 # the most steps a run that learned needed.
-CALIBRATION_STEPS = 20_000
+CALIBRATION_STEPS = 10_000
 BUDGET_FACTOR = 2
 CALIBRATIONS = ("task_budget", "addition_calibration")  # the task lab's calibrations, each a lab of LABS
 # The addition calibration's bins: operands of exactly 1, 2 and 3 digits (factors of its 3 digits).
