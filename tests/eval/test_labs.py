@@ -13,6 +13,7 @@ import torch
 from nanoattn import GPT, ModelConfig
 from nanoattn.checkpoint import save_checkpoint
 from nanoattn.commands.labs import (
+    DIGIT_FACTORS,
     LABS,
     AttentionLabConfig,
     LabConfig,
@@ -24,6 +25,7 @@ from nanoattn.commands.labs import (
 )
 from nanoattn.config.options import ATTENTION_VARIANTS, encoding_options
 from nanoattn.data import TokenData
+from nanoattn.eval.tasks import size_bins
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -156,3 +158,9 @@ def test_the_budget_calibration_gives_each_rows_steps_and_the_budget_from_the_sl
     assert page["notes"] == ["**Budget: 2 × 1,800 steps (addition/rope, the slowest to learn) = 3,600 "
                              "steps**, the task lab's `train.max_steps` (`configs/experiment/tasks.yaml`)."]
     assert page["notes"][0] in (runs / "task_budget.md").read_text()
+
+
+def test_the_addition_calibration_scores_operands_of_exactly_one_two_and_three_digits():
+    assert size_bins(3, DIGIT_FACTORS) == [(1, 1), (2, 2), (3, 3)]
+    assert [row.train for row in LABS["addition_calibration"].rows(TaskLabConfig())] == [
+        ("task=addition", "pos=learned")]
