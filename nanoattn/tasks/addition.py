@@ -6,8 +6,8 @@ carries are computed, which Lee et al. 2023 found far easier to learn; off, it i
 
 A run trains on up to 4 digits by default, the answer reversed, under a curriculum: operands of 1
 digit, then up to 2 and 3, 250 steps each, then every size from 1 to 4. The steps to learn
-addition grow fast with its digits; 4 is the most the task lab's CPU budget learns at 1x with both
-NoPE and RoPE, and NoPE learns it only with the curriculum (docs/tasks.md, docs/results/task_budget.md).
+addition grow fast with its digits: at 4, both NoPE and RoPE learn it at 1x within the task lab's
+CPU budget, and the curriculum is what gets them there that soon (docs/tasks.md).
 """
 
 from __future__ import annotations

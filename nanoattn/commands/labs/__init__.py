@@ -232,14 +232,14 @@ def addition_report(cfg: TaskLabConfig, run: Path, row: Row) -> Report:
 
 def addition_cells(report: Report) -> dict[str, float | None]:
     """Exact match with operands of 1, 2 and 3 digits, the steps trained and the training speed."""
-    return {**{f"exact {b['sizes'][1]} digits": b.get("exact") for b in report["results"]},
+    return {**{f"exact {b['sizes'][1]}-digit": b.get("exact") for b in report["results"]},
             "steps": report["step"], "train tok/s": report["train_tok_per_s"]}
 
 
 def addition_notes(values: Mapping[str, Mapping[str, Sequence[float | None]]]) -> list[str]:
     return [f"**Lee et al. 2023: {LEE_2023_REVERSED:.2f}** exact match on 3-digit addition with the sum "
             "reversed, 10,000 training examples and 5,000 steps (their Section 4: the reversed format "
-            "reaches full accuracy from a few thousand examples). The row above: `exact 3 digits` after "
+            "reaches full accuracy from a few thousand examples). The row above: `exact 3-digit` after "
             "`steps` steps."]
 
 
