@@ -67,7 +67,7 @@ def test_a_lab_interrupted_then_rerun_publishes_the_table_of_an_uninterrupted_on
     """SIGTERM to a lab stops its training, which saves; the rerun resumes it and publishes the same
     numbers as a lab that was never stopped (all but the training speed, a measurement of the machine)."""
     overrides = lab_overrides(tiny_config, as_overrides, tmp_path, "~recipe", "model.max_seq_len",
-                              max_steps=40, ckpt_interval=0)
+                              max_steps=40, ckpt_interval=0, eval_interval=40)
     overrides.append("model.max_seq_len=40")
 
     def config(root: str) -> TaskLabConfig:
