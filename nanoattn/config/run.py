@@ -119,6 +119,8 @@ class TrainConfig:
     warmup_steps: int = 100  # linear warmup from lr / warmup_steps to lr
     schedule: str = "cosine"  # cosine | wsd (warmup-stable-decay) | constant
     decay_fraction: float = 0.2  # wsd: share of max_steps spent decaying to min_lr (1-sqrt shape)
+    # cosine: the steps it decays over, then min_lr held (nanoGPT's lr_decay_iters); None: max_steps
+    decay_steps: int | None = None
     weight_decay: float = 0.1  # on matmul weights only (AdamW's, and Muon's with optimizer=muon)
     # adamw | muon: Muon for the blocks' 2-D weights, AdamW for the rest (nanoattn/train/optim.py)
     optimizer: str = "adamw"
@@ -173,6 +175,14 @@ class TrainConfig:
                          "must be a non-negative number or null", lambda x: x >= 0)
         check_number(own, "muon_momentum", self.muon_momentum, "must be in [0, 1)", lambda x: 0 <= x < 1)
         check_number(own, "decay_fraction", self.decay_fraction, "must be in (0, 1]", lambda x: 0 < x <= 1)
+        if self.decay_steps is not None:
+            check_positive_int(own, "decay_steps", self.decay_steps)
+            if self.schedule != "cosine":
+                fail(own, "decay_steps", self.decay_steps, f"is cosine's; with schedule={self.schedule!r} "
+                     "it must be null")
+            if self.decay_steps <= self.warmup_steps:
+                fail(own, "decay_steps", self.decay_steps,
+                     f"must be more than warmup_steps={self.warmup_steps}")
         for name in ("weight_decay", "grad_clip"):
             check_number(own, name, getattr(self, name), "must be a non-negative number", lambda x: x >= 0)
         for name in ("beta1", "beta2"):

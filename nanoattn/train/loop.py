@@ -308,7 +308,8 @@ class _Run:
         with StopSignals() as signals:
             while step < t.max_steps and not self.reached:
                 lr = lr_at(step, lr=t.lr, min_lr=t.min_lr, warmup_steps=t.warmup_steps,
-                           max_steps=t.max_steps, schedule=t.schedule, decay_fraction=t.decay_fraction)
+                           max_steps=t.max_steps, schedule=t.schedule, decay_fraction=t.decay_fraction,
+                           decay_steps=t.decay_steps)
                 for group in self.optimizer.param_groups:
                     # Checkpoints from before the optimizer choice carry no lr_scale: AdamW's, 1.
                     group["lr"] = lr * group.get("lr_scale", 1.0)
@@ -412,7 +413,8 @@ class _Run:
                      "world_size": self.dist.world_size, "batch_size": self.t.batch_size,
                      "data": {"seed": self.t.seed, "next_step": step},
                      "schedule": {"name": self.t.schedule, "lr": self.t.lr, "min_lr": self.t.min_lr,
-                                  "warmup_steps": self.t.warmup_steps, "max_steps": self.t.max_steps}}
+                                  "warmup_steps": self.t.warmup_steps, "max_steps": self.t.max_steps,
+                                  "decay_steps": self.t.decay_steps}}
             save_checkpoint(self.ckpt_root, f"{step:06d}", self.model, train_seq_len=self.seq_len, step=step,
                             tokenizer_file=self.run_dir / RUN_TOKENIZER, trainer_state=state,
                             keep_last=self.t.keep_last, measured=measured)
