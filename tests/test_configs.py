@@ -187,7 +187,9 @@ def test_each_task_composes_into_the_task_suites_run(task):
         f"runs/tasks/{task}/nope", "runs/tasks", f"{task}/nope")  # a sweep's root is out_dir too
     # The suite keeps its own optimizer keys (docs/tasks.md measured them), not the default recipe's.
     assert (cfg.train.optimizer, cfg.train.lr, cfg.train.schedule, cfg.model.tie_embeddings,
-            cfg.train.head_lr_scale) == ("muon", 0.001, "wsd", True, 1.0)
+            cfg.train.head_lr_scale) == ("muon", 0.001, "cosine", True, 1.0)
+    # The rate does not depend on the budget: a run that learns stops where the calibration's did.
+    assert cfg.train.decay_steps is not None
     # A run ends once it has learned its task by the task lab's measure.
     assert cfg.train.stop_at_accuracy == LEARNED
 

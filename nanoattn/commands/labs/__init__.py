@@ -311,10 +311,9 @@ LABS: dict[str, Lab] = {lab.name: lab for lab in (
     Lab("task_budget", "The task lab's step budget: steps to learn each task",
         "Each row trains the task lab's run of one task and encoding (`configs/experiment/tasks.yaml`) until "
         f"its exact match at 1x reaches `train.stop_at_accuracy` or step {CALIBRATION_STEPS:,}, and reports "
-        "the step it stopped at. The schedule holds its rate until the last fifth of the steps (`wsd`), so a "
-        "run that learns stops where the task lab's run of that task, encoding and seed stops, whatever its "
-        "budget, as long as the budget is past the step over 0.8. The budget below is the one the task lab "
-        "trains with.",
+        "the step it stopped at. The rate is a cosine over `train.decay_steps`, then a tenth of its peak "
+        "held, whatever the budget: a run that learns stops where the task lab's run of that task, "
+        "encoding and seed stops. The budget below is the one the task lab trains with.",
         lambda cfg: [Row(f"{task}/{pos}", f"{task}/{pos}", (f"task={task}", f"pos={pos}"))
                      for task in cfg.tasks for pos in cfg.encodings],
         calibration_report, calibration_cells, None, status=calibration_status, notes=task_budget,
