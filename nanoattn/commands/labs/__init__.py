@@ -294,8 +294,10 @@ LABS: dict[str, Lab] = {lab.name: lab for lab in (
         )),
     Lab("tasks", "Length generalization on tasks",
         "Each row trains a small model on one task at sizes up to its training size (`configs/experiment/"
-        "tasks.yaml`), then scores exact match on fresh instances in size bins up to 4x that size. A row "
-        f"whose exact match at 1x is below {LEARNED} did not learn its task and is not judged past it.",
+        "tasks.yaml`) until it has learned the task (exact match at 1x of 0.95 on fresh instances) or spent "
+        "the budget of its calibration (`task_budget.md`), `steps` saying where it stopped, then scores "
+        "exact match on fresh instances in size bins up to 4x that size. A row whose exact match at 1x is "
+        f"below {LEARNED} did not learn its task and is not judged past it.",
         lambda cfg: [Row(f"{task}/{pos}", f"{task}/{pos}", (f"task={task}", f"pos={pos}"))
                      for task in cfg.tasks for pos in cfg.encodings],
         task_report, task_cells, plot_tasks, status=task_status, claims=(
