@@ -4,6 +4,7 @@ into a valid RunConfig; the model group is nanoattn.config.PRESETS, registered b
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import sys
@@ -19,7 +20,7 @@ from omegaconf import OmegaConf, open_dict, read_write
 
 from nanoattn.bench.core import BenchConfig
 from nanoattn.bench.speedrun import recipe
-from nanoattn.commands.labs import LEARNED
+from nanoattn.commands.labs import BUDGET_FACTOR, LEARNED
 from nanoattn.config import PRESETS, LoggerConfig, RunConfig, TrainConfig, preset
 from nanoattn.config.options import ATTENTION_VARIANTS, RECIPES, as_overrides, encoding_options
 from nanoattn.model import GPT
@@ -192,6 +193,13 @@ def test_each_task_composes_into_the_task_suites_run(task):
     assert cfg.train.decay_steps is not None
     # A run ends once it has learned its task by the task lab's measure.
     assert cfg.train.stop_at_accuracy == LEARNED
+
+
+def test_the_task_labs_budget_is_its_calibrations():
+    """configs/experiment/tasks.yaml's train.max_steps is the one docs/results/task_budget.md gives."""
+    page = json.loads((REPO / "docs" / "results" / "task_budget.json").read_text())
+    learned = [max(row["values"]["steps"]) for row in page["rows"] if row["status"] is None]
+    assert _run_config(["experiment=tasks", "task=copy"]).train.max_steps == BUDGET_FACTOR * max(learned)
 
 
 def test_the_addition_calibration_is_lee_et_als_run():
