@@ -2,7 +2,9 @@
 
 A checkpoint is a directory:
     model.safetensors   weights (tied weights stored once)
-    config.json         {"model": ModelConfig fields, "train_seq_len": int, "step": int, "version": str}
+    config.json         {"model": ModelConfig fields, "train_seq_len": int, "step": int, "version": str},
+                        and what was measured on these weights when it was written (a task run's
+                        "exact_1x", which tells a run stopped at its accuracy from one cut short)
     tokenizer.json      the HF tokenizers file the model was trained with
     trainer_state.pt    optional: optimizer, schedule, step, RNG, data position (tensors and plain
                         containers only; loaded with weights_only=True)
@@ -81,8 +83,11 @@ def save_checkpoint(
     tokenizer_file: str | Path | None = None,
     trainer_state: Mapping[str, Any] | None = None,
     keep_last: int | None = None,
+    measured: Mapping[str, float] | None = None,
 ) -> Path:
     """Write ``ckpt_root/name`` atomically, point ``latest`` at it, then prune old ones.
+
+    ``measured``: values measured on exactly these weights, kept in config.json beside the step.
 
     A failure (a full disk, a read-only folder) removes the partial copy, leaves the previous
     checkpoint and ``latest`` as they were, and raises an OSError naming the checkpoint.
@@ -95,7 +100,7 @@ def save_checkpoint(
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
         _write_files(tmp, model, train_seq_len=train_seq_len, step=step, tokenizer_file=tokenizer_file,
-                     trainer_state=trainer_state)
+                     trainer_state=trainer_state, measured=measured or {})
         if final.exists():  # re-saving the same step: move the old copy aside, never delete it first
             old = temporary_sibling(final, "old")
             os.replace(final, old)
@@ -114,13 +119,13 @@ def save_checkpoint(
 
 
 def _write_files(tmp: Path, model: GPT, *, train_seq_len: int, step: int, tokenizer_file: str | Path | None,
-                 trainer_state: Mapping[str, Any] | None) -> None:
+                 trainer_state: Mapping[str, Any] | None, measured: Mapping[str, float]) -> None:
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
     if model.cfg.tie_embeddings:
         state.pop("lm_head.weight")
     save_file(state, tmp / "model.safetensors")
     meta = {"model": model.cfg.to_dict(), "train_seq_len": train_seq_len, "step": step,
-            "version": FORMAT_VERSION}
+            "version": FORMAT_VERSION, **measured}
     (tmp / "config.json").write_text(json.dumps(meta, indent=2) + "\n")
     if tokenizer_file is not None:
         shutil.copyfile(tokenizer_file, tmp / "tokenizer.json")

@@ -4,12 +4,14 @@ into a valid RunConfig; the model group is nanoattn.config.PRESETS, registered b
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
 from hydra.core.global_hydra import GlobalHydra
@@ -18,8 +20,10 @@ from omegaconf import OmegaConf, open_dict, read_write
 
 from nanoattn.bench.core import BenchConfig
 from nanoattn.bench.speedrun import recipe
+from nanoattn.commands.labs import BUDGET_FACTOR, LEARNED
 from nanoattn.config import PRESETS, LoggerConfig, RunConfig, TrainConfig, preset
 from nanoattn.config.options import ATTENTION_VARIANTS, RECIPES, as_overrides, encoding_options
+from nanoattn.model import GPT
 from nanoattn.positional import REGISTRY
 from nanoattn.tasks import TASKS
 
@@ -136,7 +140,8 @@ def test_each_logger_composes(logger):
 
 @pytest.mark.parametrize("experiment", _names("experiment"))
 def test_each_experiment_composes(experiment):
-    values = _values([f"experiment={experiment}", "pos=rope"])
+    chosen = ["task=copy"] if experiment == "tasks" else []  # its runs are named after their task
+    values = _values([f"experiment={experiment}", "pos=rope", *chosen])
     values["train"]["init_from"] = None  # a fine-tune recipe's checkpoint need not exist here
     RunConfig.from_dict(values)
 
@@ -177,12 +182,40 @@ def test_the_position_labs_train_the_labs_recipe(experiment):
 def test_each_task_composes_into_the_task_suites_run(task):
     cfg = _run_config(["experiment=tasks", f"task={task}", "pos=nope"])
     assert cfg.task.name == task and cfg.data.tokenizer.type == "byte" and cfg.train.seq_len is None
-    assert cfg.task.train_length == TASKS[task].train_length
+    assert (cfg.task.train_length, cfg.task.curriculum_steps) == (TASKS[task].train_length,
+                                                                  TASKS[task].curriculum_steps)
     assert _dirs(["experiment=tasks", f"task={task}", "pos=nope"]) == (
         f"runs/tasks/{task}/nope", "runs/tasks", f"{task}/nope")  # a sweep's root is out_dir too
     # The suite keeps its own optimizer keys (docs/tasks.md measured them), not the default recipe's.
-    assert (cfg.train.optimizer, cfg.train.lr, cfg.model.tie_embeddings, cfg.train.head_lr_scale) == (
-        "muon", 0.003, True, 1.0)
+    assert (cfg.train.optimizer, cfg.train.lr, cfg.train.schedule, cfg.model.tie_embeddings,
+            cfg.train.head_lr_scale) == ("muon", 0.001, "cosine", True, 1.0)
+    # The rate does not depend on the budget: a run that learns stops where the calibration's did.
+    assert cfg.train.decay_steps is not None
+    # A run ends once it has learned its task by the task lab's measure.
+    assert cfg.train.stop_at_accuracy == LEARNED
+
+
+def test_the_task_labs_budget_is_its_calibrations():
+    """configs/experiment/tasks.yaml's train.max_steps is the one docs/results/task_budget.md gives."""
+    page = json.loads((REPO / "docs" / "results" / "task_budget.json").read_text())
+    learned = [max(row["values"]["steps"]) for row in page["rows"] if row["status"] is None]
+    assert _run_config(["experiment=tasks", "task=copy"]).train.max_steps == BUDGET_FACTOR * max(learned)
+
+
+def test_the_addition_calibration_is_lee_et_als_run():
+    """Lee et al. 2023's config2/addition/reverse/train_addition_bal.py on NanoGPT's block: 12 d^2
+    weights a layer (no biases) and the LayerNorm gains, beside the token and position tables."""
+    cfg = _run_config(["experiment=addition_calibration", "task=addition", "pos=learned"])
+    assert (cfg.task.name, cfg.task.train_length, cfg.task.reversed_answer, cfg.task.train_examples) == (
+        "addition", 3, True, 10_000)
+    assert (cfg.model.n_layer, cfg.model.n_head, cfg.model.d_model, cfg.model.dropout, cfg.model.pos) == (
+        6, 6, 384, 0.2, "learned")
+    t = cfg.train
+    assert (t.optimizer, t.lr, t.beta2, t.batch_size, t.max_steps, t.warmup_steps, t.schedule) == (
+        "adamw", 0.001, 0.99, 256, 5000, 100, "cosine")
+    with torch.device("meta"):
+        blocks = GPT(cfg.model).num_params(exclude_embeddings=True) - 16 * 384  # less the position table
+    assert blocks == 6 * (12 * 384**2 + 2 * 384) + 384
 
 
 def test_debug_shrinks_everything():
@@ -254,7 +287,7 @@ def _choices_checked(overrides: list[str]) -> None:
 @pytest.mark.parametrize(("overrides", "conflicts"), [
     (["experiment=tasks", "task=copy", "recipe=adamw_baseline"],
      ["train.optimizer='muon' (the recipe: 'adamw')"]),
-    (["experiment=tasks", "task=copy", "recipe=labs"], ["train.lr=0.003 (the recipe: 0.006)"]),
+    (["experiment=tasks", "task=copy", "recipe=labs"], ["train.lr=0.001 (the recipe: 0.006)"]),
     (["experiment=passkey", "pos=rope", "recipe=default"],
      ["train.lr=0.001 (the recipe: 0.01)", "train.max_steps=1200 (the recipe: 1300)"]),
     (["experiment=debug", "recipe=default"],

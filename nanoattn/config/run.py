@@ -119,6 +119,8 @@ class TrainConfig:
     warmup_steps: int = 100  # linear warmup from lr / warmup_steps to lr
     schedule: str = "cosine"  # cosine | wsd (warmup-stable-decay) | constant
     decay_fraction: float = 0.2  # wsd: share of max_steps spent decaying to min_lr (1-sqrt shape)
+    # cosine: the steps it decays over, then min_lr held (nanoGPT's lr_decay_iters); None: max_steps
+    decay_steps: int | None = None
     weight_decay: float = 0.1  # on matmul weights only (AdamW's, and Muon's with optimizer=muon)
     # adamw | muon: Muon for the blocks' 2-D weights, AdamW for the rest (nanoattn/train/optim.py)
     optimizer: str = "adamw"
@@ -145,6 +147,9 @@ class TrainConfig:
     # checkpoint wins and init_from only shapes the model, so a fine-tune resumes with its own command.
     init_from: str | None = None
     passkey_fraction: float = 0.0  # share of each training batch made of passkey samples (eval/passkey.py)
+    # A task run ends at the first evaluation whose exact match at 1x (fresh in-distribution instances,
+    # logged as exact_1x) reaches this; null: it runs max_steps. Its last checkpoint records the value.
+    stop_at_accuracy: float | None = None
 
     def __post_init__(self) -> None:
         own = "train"
@@ -170,6 +175,14 @@ class TrainConfig:
                          "must be a non-negative number or null", lambda x: x >= 0)
         check_number(own, "muon_momentum", self.muon_momentum, "must be in [0, 1)", lambda x: 0 <= x < 1)
         check_number(own, "decay_fraction", self.decay_fraction, "must be in (0, 1]", lambda x: 0 < x <= 1)
+        if self.decay_steps is not None:
+            check_positive_int(own, "decay_steps", self.decay_steps)
+            if self.schedule != "cosine":
+                fail(own, "decay_steps", self.decay_steps, f"is cosine's; with schedule={self.schedule!r} "
+                     "it must be null")
+            if self.decay_steps <= self.warmup_steps:
+                fail(own, "decay_steps", self.decay_steps,
+                     f"must be more than warmup_steps={self.warmup_steps}")
         for name in ("weight_decay", "grad_clip"):
             check_number(own, name, getattr(self, name), "must be a non-negative number", lambda x: x >= 0)
         for name in ("beta1", "beta2"):
@@ -184,6 +197,9 @@ class TrainConfig:
             check_text(own, "init_from", self.init_from)
         check_number(own, "passkey_fraction", self.passkey_fraction, "must be in [0, 1]",
                      lambda x: 0 <= x <= 1)
+        if self.stop_at_accuracy is not None:
+            check_number(own, "stop_at_accuracy", self.stop_at_accuracy, "must be in (0, 1] or null",
+                         lambda x: 0 < x <= 1)
 
 
 @dataclass
@@ -193,6 +209,13 @@ class TaskConfig:
     name: str | None = None  # None: language modelling on data; else a task of nanoattn.tasks.TASKS
     # L: training instances have sizes drawn uniformly in [the task's min_size, L]; None: the task's own
     train_length: int | None = None
+    # A curriculum: the largest training size grows from min_size to L in equal stages over the first
+    # this many steps (sizes uniform up to the stage's); 0: every size from the first step; None: the
+    # task's own
+    curriculum_steps: int | None = None
+    # A fixed training set: rows are drawn (with replacement) from this many instances seeded by
+    # train.seed, as a paper's finite data set; null: a fresh instance for every row
+    train_examples: int | None = None
     reversed_answer: bool = True  # addition: the sum written least significant digit first
     ignore_prob: float = 0.8  # flip_flop: share of ignore instructions (sparse 0.98, dense 0.1)
 
@@ -206,6 +229,15 @@ class TaskConfig:
         if self.name is not None and self.train_length < TASKS[self.name].min_size:
             fail(own, "train_length", self.train_length,
                  f"must be at least {TASKS[self.name].min_size}, the smallest {self.name} instance")
+        if self.curriculum_steps is None:
+            self.curriculum_steps = (Task if self.name is None else TASKS[self.name]).curriculum_steps
+        check_non_negative_int(own, "curriculum_steps", self.curriculum_steps)
+        if self.train_examples is not None:
+            check_positive_int(own, "train_examples", self.train_examples)
+            if self.curriculum_steps:
+                fail(own, "train_examples", self.train_examples,
+                     f"must be null with task.curriculum_steps={self.curriculum_steps}: a fixed set has "
+                     "its sizes from the start")
         check_bool(own, "reversed_answer", self.reversed_answer)
         check_number(own, "ignore_prob", self.ignore_prob, "must be in [0, 1)", lambda x: 0 <= x < 1)
 
@@ -278,6 +310,13 @@ class RunConfig:
                                                   f" (the model of train.init_from={self.train.init_from!r})")
             fail("train", "head_lr_scale", self.train.head_lr_scale,
                  f"must be 1 with {tied}: the head is the token table, which embedding_lr_scale sets")
+        if self.train.stop_at_accuracy is not None:
+            if self.task.name is None:
+                fail("train", "stop_at_accuracy", self.train.stop_at_accuracy,
+                     "needs a task (task.name): it is the exact match of the task's answers at 1x")
+            if self.train.eval_interval == 0:
+                fail("train", "stop_at_accuracy", self.train.stop_at_accuracy,
+                     "needs train.eval_interval > 0: the accuracy is measured at each evaluation")
         if self.task.name is not None and self.train.passkey_fraction > 0:
             fail("train", "passkey_fraction", self.train.passkey_fraction,
                  "must be 0 with a task: passkey samples replace corpus rows, and a task run has none")

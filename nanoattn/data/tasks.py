@@ -19,7 +19,12 @@ Design choices:
   (seed, step, micro_step, row), validation and evaluation instances their own streams. So
   ``train_batch`` is a pure function of the step like ``TokenData.train_batch`` (exact resume),
   the global batch does not depend on the number of ranks, and any instance is re-derived from
-  its seed words alone.
+  its seed words alone. The trainer's accuracy checks draw from a stream of their own, so a run
+  stopped at an accuracy (``train.stop_at_accuracy``) is then scored on instances its stop never saw.
+- Two training schedules keep that purity. A curriculum (``curriculum_steps``) caps the sizes
+  drawn at a step by a function of the step alone. A fixed training set (``train_examples``: N)
+  is N instances ``[POOL_STREAM, seed, i]``; each row picks its i from the row's own seed words,
+  so rows draw the set with replacement, as random offsets into a finite data set do.
 """
 
 from __future__ import annotations
@@ -38,6 +43,8 @@ from nanoattn.tasks import Instance, Task
 TRAIN_STREAM = 0x7461736B  # first word of every training instance's seed
 VAL_STREAM = 0x7476616C  # validation instances (fixed, the same in every run)
 EVAL_STREAM = 0x74657661  # the scorer's instances (nanoattn.eval.tasks)
+CHECK_STREAM = 0x74636B61  # the trainer's accuracy checks: never the instances a report scores
+POOL_STREAM = 0x74706F6C  # a fixed training set's instances (task.train_examples)
 
 
 def row_inputs(task: Task, size: int) -> int:
@@ -46,13 +53,16 @@ def row_inputs(task: Task, size: int) -> int:
 
 
 class TaskData:
-    """Batches of ``task`` at training sizes up to ``train_length``, in the tokens of ``data``."""
+    """Batches of ``task`` at training sizes up to ``train_length``, in the tokens of ``data``; with
+    ``curriculum_steps`` the sizes grow to it, with ``train_examples`` rows come from a fixed set."""
 
-    def __init__(self, data: TokenData, task: Task, train_length: int) -> None:
+    def __init__(self, data: TokenData, task: Task, train_length: int, *, curriculum_steps: int = 0,
+                 train_examples: int | None = None) -> None:
         if train_length < task.min_size:
             raise ValueError(f"task.train_length={train_length} is invalid: must be at least "
                              f"{task.min_size}, the smallest {task.name} instance")
         self.data, self.task, self.train_length = data, task, train_length
+        self.curriculum_steps, self.train_examples = curriculum_steps, train_examples
         self.table = _char_table(data, task)
 
     def __getattr__(self, name: str) -> Any:  # tokenizer, vocab_size, eot_id, bytes_per_token, ...
@@ -117,14 +127,24 @@ class TaskData:
             y[row, :ids.size - 1] = torch.from_numpy(targets)
         return x, y
 
+    def largest_size(self, step: int) -> int:
+        """The largest size drawn at ``step``: ``train_length``, or under a curriculum the stage's, the
+        sizes from min_size to train_length each given an equal share of ``curriculum_steps``."""
+        if step >= self.curriculum_steps:
+            return self.train_length
+        stages = self.train_length - self.task.min_size + 1
+        return self.task.min_size + stages * step // self.curriculum_steps
+
     def train_batch(self, step: int, *, batch_size: int, seq_len: int, seed: int, micro_step: int = 0,
                     rank: int = 0, world_size: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
         """(x, y) [batch_size, seq_len]: this rank's training instances for this step."""
-        sizes = (self.task.min_size, self.train_length)
         first = rank * batch_size
-        instances = [self.draw((TRAIN_STREAM, seed, step, micro_step, row), sizes, "train")
-                     for row in range(first, first + batch_size)]
-        return self.rows(instances, seq_len)
+        words = [(TRAIN_STREAM, seed, step, micro_step, row) for row in range(first, first + batch_size)]
+        if self.train_examples is not None:  # each row's pick of the fixed set
+            words = [(POOL_STREAM, seed, int(np.random.default_rng(list(w)).integers(self.train_examples)))
+                     for w in words]
+        sizes = (self.task.min_size, self.largest_size(step))
+        return self.rows([self.draw(w, sizes, "train") for w in words], seq_len)
 
     def val_batches(self, n_batches: int, *, batch_size: int,
                     seq_len: int) -> list[tuple[torch.Tensor, torch.Tensor]]:

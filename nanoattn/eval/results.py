@@ -123,10 +123,11 @@ def provenance(page: str, title: str, about: str, command: str | None = None) ->
 def record(page: str, title: str, about: str, seeds: Sequence[int],
            values: Mapping[str, Mapping[str, Sequence[float | None]]], *,
            claims: Sequence[Claim] = (), status: Mapping[str, str] | None = None,
-           command: str | None = None, **extra: Any) -> dict[str, Any]:
+           notes: Sequence[str] = (), command: str | None = None, **extra: Any) -> dict[str, Any]:
     """The record of a page: ``values[row][column]`` holds one value per seed (None: not measured).
 
-    ``status[row]`` replaces a row's numbers on the page (and keeps it out of every claim).
+    ``status[row]`` replaces a row's numbers on the page (and keeps it out of every claim);
+    ``notes`` are lines the page states below its table.
     """
     status = dict(status or {})
     rows = []
@@ -139,7 +140,8 @@ def record(page: str, title: str, about: str, seeds: Sequence[int],
                      "values": {c: list(v) for c, v in columns.items()},
                      "summary": {c: interval([x for x in v if x is not None]) for c, v in columns.items()}})
     return {**provenance(page, title, about, command), "seeds": list(seeds), "rows": rows,
-            "findings": [finding(claim, rows) for claim in claims], **extra}
+            "findings": [finding(claim, rows) for claim in claims],
+            **({"notes": list(notes)} if notes else {}), **extra}
 
 
 def finding(claim: Claim, rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -212,6 +214,8 @@ def render_page(page: Mapping[str, Any]) -> str:
     table = format_table(header, rows, "l" * (1 + with_status) + "r" * len(columns))
     lines = [*header_lines(page),
              seeds_line(page["seeds"]), "", table.rstrip("\n")]
+    if page.get("notes"):
+        lines += ["", *page["notes"]]
     if page["findings"]:
         rows = []
         for f in page["findings"]:

@@ -13,7 +13,8 @@ Design choices:
   instances each (400 by default: a 95% interval of at most +-4.9 points, the Wilson interval
   is reported), sizes uniform in the bin, filler from the held-out split.
 - Every instance has its own seed words ``[EVAL_STREAM, seed, bin, i]``, kept in the report with
-  its size and result, so any number can be re-derived (``TaskData.draw``).
+  its size and result, so any number can be re-derived (``TaskData.draw``). The trainer's checks
+  (``exact_1x``) use ``CHECK_STREAM`` in place of ``EVAL_STREAM``.
 - A bin the model cannot run (learned positions past their table raise ValueError) is reported
   with null accuracies and the error, like a length of the perplexity evaluation.
 - Memory is linear in the length: batches of ``batch_size`` instances, each batch as wide as its
@@ -119,7 +120,7 @@ def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, flo
 @torch.no_grad()
 def evaluate_task(model, data: TaskData, *, factors: Sequence[float] = DEFAULT_FACTORS,
                   per_bin: int = DEFAULT_PER_BIN, seed: int = 0, batch_size: int = 64,
-                  dtype: str = "float32") -> list[dict[str, Any]]:
+                  dtype: str = "float32", stream: int = EVAL_STREAM) -> list[dict[str, Any]]:
     """One entry per bin: its sizes, exact-match and per-token accuracy, and every instance's record."""
     device = next(model.parameters()).device
     check_bins_fit("eval_task", data.task, data.train_length, factors, per_bin, batch_size, model.cfg, device)
@@ -130,7 +131,7 @@ def evaluate_task(model, data: TaskData, *, factors: Sequence[float] = DEFAULT_F
     try:
         for index, (factor, sizes) in enumerate(zip(factors, size_bins(data.train_length, factors,
                                                                        data.task.min_size), strict=True)):
-            seeds = [[EVAL_STREAM, seed, index, i] for i in range(per_bin)]
+            seeds = [[stream, seed, index, i] for i in range(per_bin)]
             entry: dict[str, Any] = {"factor": factor, "sizes": list(sizes), "instances": per_bin}
             try:
                 records = _score_bin(model, data, seeds, sizes, batch_size, device, amp_dtype)

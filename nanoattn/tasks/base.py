@@ -47,6 +47,7 @@ class Task(abc.ABC):
     alphabet: ClassVar[str]  # every character of its text
     min_size: ClassVar[int] = 1
     train_length: ClassVar[int] = 16  # the largest training size a run of this task takes by default
+    curriculum_steps: ClassVar[int] = 0  # its default size curriculum (TaskConfig.curriculum_steps)
     uses_filler: ClassVar[bool] = False
     options: ClassVar[tuple[str, ...]] = ()  # TaskConfig fields this task reads
 

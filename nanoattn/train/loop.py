@@ -20,7 +20,14 @@ Design choices:
 - A task run (``task.name``) trains on ``TaskData``: the same ``train_batch``/``val_batches``
   contract, one instance a row with answer-only targets, drawn from seeds of the step, so
   resume stays exact; the row width is the task's largest training instance unless
-  ``train.seq_len`` says more. Its ``val_loss`` is the answer tokens' loss.
+  ``train.seq_len`` says more. Its ``val_loss`` is the answer tokens' loss, and its evaluations
+  add ``exact_1x``: exact match on fresh instances of the 1x bin (``nanoattn.eval.tasks``), the
+  task lab's measure of a task learned.
+- ``train.stop_at_accuracy``: a task run ends at the first evaluation whose ``exact_1x`` reaches
+  it. That checkpoint records the value in its config.json, which is how a run stopped there is
+  told from one cut short at the same step (``reached_accuracy``); resumed, such a run trains no
+  further unless the target was raised. The check's instances are a pure function of the step and
+  the weights are exactly restored, so a resumed run stops where an uninterrupted one does.
 - bf16 autocast (fp32 master weights and optimizer state) where the hardware has fast bf16:
   CUDA GPUs that support it, and CPUs with native bf16 matmul instructions, AMX (``amx_bf16``)
   or AVX512-BF16 (``avx512_bf16``), read from /proc/cpuinfo. Without them bf16 is emulated and
@@ -48,6 +55,7 @@ import yaml
 from nanoattn.checkpoint import (
     load_trainer_state,
     load_weights,
+    read_checkpoint_config,
     read_run_config,
     remove_stale_temps,
     resolve_checkpoint,
@@ -55,7 +63,9 @@ from nanoattn.checkpoint import (
 )
 from nanoattn.config import RunConfig
 from nanoattn.data import TaskData, TokenData, bits_per_byte, load_tokenizer, open_prepared
+from nanoattn.data.tasks import CHECK_STREAM
 from nanoattn.eval.passkey import PasskeyMix
+from nanoattn.eval.tasks import DEFAULT_PER_BIN, evaluate_task
 from nanoattn.logging import make_logger, note, truncate_metrics
 from nanoattn.model import GPT
 from nanoattn.runtime import autocast, autocast_dtype, exclusive_lock, pick_device, write_atomic
@@ -67,6 +77,7 @@ from nanoattn.train.run_dir import (
     check_run_tokenizer,
     check_same_run,
     locate_run,
+    reached_accuracy,
     resolve_init_from,
     run_directory_for,
     snapshot_tokenizer,
@@ -181,7 +192,9 @@ class _Run:
         if t.passkey_fraction > 0:  # the passkey recipe's data mix (configs/experiment/passkey.yaml)
             data = PasskeyMix(data, t.passkey_fraction)
         if cfg.task.name is not None:  # a task of the suite instead of the corpus (docs/tasks.md)
-            data = TaskData(data, cfg.task.build(), cfg.task.train_length)
+            data = TaskData(data, cfg.task.build(), cfg.task.train_length,
+                            curriculum_steps=cfg.task.curriculum_steps,
+                            train_examples=cfg.task.train_examples)
             self.seq_len = data.check_seq_len(t.seq_len)
             limit = cfg.model.length_limit
             if limit is not None and self.seq_len > limit:
@@ -191,6 +204,9 @@ class _Run:
         state = load_trainer_state(ckpt) if ckpt is not None else None
         if state is not None:
             check_resumable(state, ckpt, d.world_size, t.batch_size)
+        # The checkpoint resumed from ended its run at its accuracy: nothing is left to train.
+        self.reached = state is not None and reached_accuracy(read_checkpoint_config(ckpt),
+                                                              t.stop_at_accuracy)
         if d.is_main:
             saved = dataclasses.replace(cfg, out_dir=str(run_dir)).to_dict()
             if (run_dir / "config.yaml").exists():
@@ -240,7 +256,11 @@ class _Run:
         finally:
             if logger is not None:
                 logger.close()
-        if step == t.max_steps:
+        if self.reached:
+            exact = f" ({last_val['exact_1x']:.3f})" if last_val else ""
+            self.say(f"stopped at step {step}: exact match at 1x{exact} reached train.stop_at_accuracy="
+                     f"{t.stop_at_accuracy}")
+        if step == t.max_steps or self.reached:
             self._summary(step, start, last_val)
         else:
             self.say(f"stopped at step {step}; continue it with its overrides and train.resume={run_dir}")
@@ -286,9 +306,10 @@ class _Run:
         last_val: dict[str, float] = {}
         step = start
         with StopSignals() as signals:
-            while step < t.max_steps:
+            while step < t.max_steps and not self.reached:
                 lr = lr_at(step, lr=t.lr, min_lr=t.min_lr, warmup_steps=t.warmup_steps,
-                           max_steps=t.max_steps, schedule=t.schedule, decay_fraction=t.decay_fraction)
+                           max_steps=t.max_steps, schedule=t.schedule, decay_fraction=t.decay_fraction,
+                           decay_steps=t.decay_steps)
                 for group in self.optimizer.param_groups:
                     # Checkpoints from before the optimizer choice carry no lr_scale: AdamW's, 1.
                     group["lr"] = lr * group.get("lr_scale", 1.0)
@@ -311,6 +332,7 @@ class _Run:
                         and distributed.any_rank(d, signals.requested, self.device))
                 evaluate = final or (t.eval_interval > 0 and step % t.eval_interval == 0)
                 checkpoint = final or stop or (t.ckpt_interval > 0 and step % t.ckpt_interval == 0)
+                measured: dict[str, float] = {}  # on this step's weights: kept in its checkpoint
                 if evaluate or step % t.log_interval == 0:
                     now = time.perf_counter()
                     record = self._train_record(step, loss_sum, count, bad, grad_norm, lr,
@@ -318,16 +340,18 @@ class _Run:
                     if evaluate:
                         last_val = self._evaluate(step)
                         record.update(last_val)
+                        measured = {k: last_val[k] for k in ("exact_1x",) if k in last_val}
+                        self.reached = reached_accuracy(measured, t.stop_at_accuracy)
                     if logger is not None:
                         logger.log(record)
                     loss_sum.zero_()
                     bad.zero_()
                     count = 0
                     t0, window_start = time.perf_counter(), step
-                if checkpoint:
+                if checkpoint or self.reached:
                     self._check_finite(step, loss_sum, bad)
                     self._save(step, {"loss_sum": loss_sum.detach().cpu(), "count": count,
-                                      "bad": bad.detach().cpu()})
+                                      "bad": bad.detach().cpu()}, measured)
                 if stop:
                     break
         return step, last_val
@@ -367,10 +391,20 @@ class _Run:
         val_loss = loss_sum / n
         if not math.isfinite(val_loss):
             raise TrainingDiverged(f"non-finite val_loss at step {step}; the last good checkpoint is kept")
-        return {"val_loss": val_loss, "val_bpb": bits_per_byte(val_loss, self.data.bytes_per_token),
-                "max_attn_logit": largest}
+        result = {"val_loss": val_loss, "val_bpb": bits_per_byte(val_loss, self.data.bytes_per_token),
+                  "max_attn_logit": largest}
+        if isinstance(self.data, TaskData):
+            result["exact_1x"] = self._exact_at_1x(step)
+        return result
 
-    def _save(self, step: int, window: dict[str, Any]) -> None:
+    def _exact_at_1x(self, step: int) -> float:
+        """Exact match on ``DEFAULT_PER_BIN`` instances of the 1x bin drawn afresh for this step from the
+        trainer's own stream. Every rank scores them all; all act on rank 0's value."""
+        (at_1x,) = evaluate_task(self.model, self.data, factors=(1.0,), per_bin=DEFAULT_PER_BIN, seed=step,
+                                 dtype=self.t.dtype, stream=CHECK_STREAM)
+        return distributed.broadcast_object(self.dist, at_1x["exact"])
+
+    def _save(self, step: int, window: dict[str, Any], measured: dict[str, float]) -> None:
         rng = {"cpu": distributed.gather_objects(self.dist, torch.get_rng_state())}
         if self.device.type == "cuda":
             rng["cuda"] = distributed.gather_objects(self.dist, torch.cuda.get_rng_state(self.device).cpu())
@@ -379,10 +413,11 @@ class _Run:
                      "world_size": self.dist.world_size, "batch_size": self.t.batch_size,
                      "data": {"seed": self.t.seed, "next_step": step},
                      "schedule": {"name": self.t.schedule, "lr": self.t.lr, "min_lr": self.t.min_lr,
-                                  "warmup_steps": self.t.warmup_steps, "max_steps": self.t.max_steps}}
+                                  "warmup_steps": self.t.warmup_steps, "max_steps": self.t.max_steps,
+                                  "decay_steps": self.t.decay_steps}}
             save_checkpoint(self.ckpt_root, f"{step:06d}", self.model, train_seq_len=self.seq_len, step=step,
                             tokenizer_file=self.run_dir / RUN_TOKENIZER, trainer_state=state,
-                            keep_last=self.t.keep_last)
+                            keep_last=self.t.keep_last, measured=measured)
         distributed.barrier(self.dist)
 
     def _summary(self, step: int, start: int, last_val: dict[str, float]) -> None:

@@ -143,11 +143,13 @@ def make_optimizer(model: nn.Module, *, lr: float, weight_decay: float, betas: t
 
 
 def lr_at(step: int, *, lr: float, min_lr: float, warmup_steps: int, max_steps: int, schedule: str,
-          decay_fraction: float = 0.2) -> float:
+          decay_fraction: float = 0.2, decay_steps: int | None = None) -> float:
     """The learning rate of optimizer update ``step`` (0-based, < max_steps).
 
     - warmup: linear, lr * (step + 1) / warmup_steps for the first ``warmup_steps`` updates;
-    - cosine: then half a cosine from lr down to min_lr at the last update;
+    - cosine: then half a cosine from lr down to min_lr at the last update, or with ``decay_steps``
+      at update decay_steps - 1 and min_lr from there on (nanoGPT's ``lr_decay_iters``): a rate
+      that does not depend on max_steps, so a run stopped early follows it whatever its budget;
     - wsd: then lr held constant until the last ``decay_fraction * max_steps`` updates, which
       decay to min_lr with the "1 - sqrt" shape (Hägele et al. 2024, arXiv:2405.18392, found it
       better than a linear cooldown; 20% of training matches cosine);
@@ -158,7 +160,7 @@ def lr_at(step: int, *, lr: float, min_lr: float, warmup_steps: int, max_steps: 
     if schedule == "constant":
         return lr
     if schedule == "cosine":
-        span = max(1, max_steps - 1 - warmup_steps)
+        span = max(1, (max_steps if decay_steps is None else decay_steps) - 1 - warmup_steps)
         progress = min(1.0, (step - warmup_steps) / span)
         return min_lr + 0.5 * (1 + math.cos(math.pi * progress)) * (lr - min_lr)
     if schedule == "wsd":

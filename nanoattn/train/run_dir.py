@@ -39,13 +39,14 @@ from nanoattn.data import TokenData, load_tokenizer
 from nanoattn.runtime import RUN_CONFIG, check_output, write_atomic
 from nanoattn.validation import declared_defaults
 
-# Keys that may differ between a run and its resumption: where and how long it runs, how it is
-# watched, and how fast it computes. Everything else (model, data, optimisation, seed) must match.
+# Keys that may differ between a run and its resumption: where and how long it runs (its last step,
+# the accuracy it stops at), how it is watched, and how fast it computes. Everything else (model,
+# data, optimisation, seed) must match.
 # train.batch_size may change only with the world size, keeping batch_size * world_size.
-RESUME_MAY_CHANGE = ("out_dir", "train.max_steps", "train.resume", "train.eval_interval",
-                     "train.eval_steps", "train.log_interval", "train.ckpt_interval", "train.keep_last",
-                     "train.compile", "train.device", "train.dtype", "train.batch_size", "data.root",
-                     "model.attn_kernel", "logger.")
+RESUME_MAY_CHANGE = ("out_dir", "train.max_steps", "train.stop_at_accuracy", "train.resume",
+                     "train.eval_interval", "train.eval_steps", "train.log_interval", "train.ckpt_interval",
+                     "train.keep_last", "train.compile", "train.device", "train.dtype", "train.batch_size",
+                     "data.root", "model.attn_kernel", "logger.")
 RUN_TOKENIZER = "tokenizer.json"  # <run>/tokenizer.json: the tokenizer the run started with
 RUN_DATA = "data.json"  # <run>/data.json: the prepared data it started from (folder, fingerprint)
 RUN_METRICS = "metrics.jsonl"
@@ -84,6 +85,13 @@ def check_same_run(saved: dict[str, Any], current: dict[str, Any], where: Path) 
         allowed = ", ".join(k + "*" if k.endswith(".") else k for k in RESUME_MAY_CHANGE)
         raise ValueError(f"out_dir {str(where)!r} holds a different run: {shown}{more} "
                          f"(only these may change on resume: {allowed})")
+
+
+def reached_accuracy(meta: Mapping[str, Any], stop_at_accuracy: float | None) -> bool:
+    """Whether a checkpoint (its config.json) ended its run at its accuracy: the exact match at 1x
+    measured on its weights reached ``train.stop_at_accuracy``. A run cut short has none, or less."""
+    exact = meta.get("exact_1x")
+    return stop_at_accuracy is not None and exact is not None and exact >= stop_at_accuracy
 
 
 def run_directory_for(out_dir: str | Path, resume: bool | str) -> Path:

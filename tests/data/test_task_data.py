@@ -8,7 +8,7 @@ import torch
 
 from nanoattn.config import TaskConfig
 from nanoattn.data import DataError, TaskData, TokenData, prepare_data
-from nanoattn.data.tasks import TRAIN_STREAM
+from nanoattn.data.tasks import POOL_STREAM, TRAIN_STREAM
 from nanoattn.model import IGNORE_INDEX
 from nanoattn.tasks import TASKS, Instance, Segment
 
@@ -60,6 +60,36 @@ def test_training_sizes_cover_the_range_and_every_row_has_an_answer(byte_data):
     answers = (y != IGNORE_INDEX).sum(dim=1)  # size + 1 (the closing EOT) for copy
     assert set((answers - 1).tolist()) == set(range(1, 9))
     assert data.seq_len == 2 * 8 + 2 and x.shape == (64, data.seq_len)
+
+
+def test_a_curriculum_grows_the_largest_size_in_equal_stages_then_keeps_every_size(byte_data):
+    task = TaskConfig(name="addition").build()
+    data = TaskData(byte_data, task, 4, curriculum_steps=100)  # sizes 1..4: a stage of 25 steps each
+    steps = (0, 24, 25, 49, 50, 75, 99, 100, 10_000)
+    assert [data.largest_size(s) for s in steps] == [1, 1, 2, 2, 3, 4, 4, 4, 4]
+    for step in (0, 30, 60, 99, 100):
+        x, y = data.train_batch(step, batch_size=64, seq_len=data.seq_len, seed=0)
+        digits = ((y != IGNORE_INDEX).sum(dim=1) - 1).tolist()  # the reversed sum: size or size + 1 digits
+        sizes = {(row == ord("+")).nonzero().item() - 1 for row in x}  # operand digits: before the '+'
+        assert max(sizes) == data.largest_size(step) and min(sizes) == 1 and max(digits) <= max(sizes) + 1
+    # Past the curriculum its rows are the plain run's, instance for instance.
+    plain = TaskData(byte_data, task, 4)
+    assert all(torch.equal(a, b) for a, b in zip(data.train_batch(100, batch_size=8, seq_len=16, seed=3),
+                                                 plain.train_batch(100, batch_size=8, seq_len=16, seed=3),
+                                                 strict=True))
+
+
+def test_a_fixed_training_set_draws_every_row_from_its_n_instances(byte_data):
+    task = TaskConfig(name="addition").build()
+    data = TaskData(byte_data, task, 3, train_examples=5)
+    rows = {tuple(row.tolist()) for step in range(20)
+            for row in data.train_batch(step, batch_size=8, seq_len=data.seq_len, seed=1)[0]}
+    pool = {tuple(data.rows([data.draw((POOL_STREAM, 1, i), (1, 3), "train")], data.seq_len)[0][0].tolist())
+            for i in range(5)}
+    assert rows == pool  # 160 rows with replacement: all five, and nothing else
+    other_seed = {tuple(row.tolist()) for row in data.train_batch(0, batch_size=8, seq_len=data.seq_len,
+                                                                   seed=2)[0]}
+    assert not other_seed & pool
 
 
 def test_validation_batches_are_fixed_and_use_the_held_out_filler(byte_data):

@@ -12,23 +12,37 @@ import torch
 
 from nanoattn import GPT, ModelConfig
 from nanoattn.checkpoint import save_checkpoint
-from nanoattn.commands.labs import LABS, AttentionLabConfig, LabConfig, Row, run_lab
+from nanoattn.commands.labs import (
+    DIGIT_FACTORS,
+    LABS,
+    AttentionLabConfig,
+    LabConfig,
+    Row,
+    TaskLabConfig,
+    is_finished,
+    run_lab,
+    task_lab,
+)
 from nanoattn.config.options import ATTENTION_VARIANTS, encoding_options
 from nanoattn.data import TokenData
+from nanoattn.eval.tasks import size_bins
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def save_run(run: Path, data_dir: Path, *, seed: int, step: int = 100, last: int = 100, **fields) -> Path:
-    """A run directory as training leaves it: a checkpoint at ``step`` of ``last``, config, metrics."""
+def save_run(run: Path, data_dir: Path, *, seed: int, step: int = 100, last: int = 100,
+             stop_at_accuracy: float | None = None, measured: dict | None = None, **fields) -> Path:
+    """A run directory as training leaves it: a checkpoint at ``step`` of ``last`` (with what was
+    ``measured`` on it), config, metrics."""
     torch.manual_seed(seed)
     shape = dict(vocab_size=TokenData(data_dir).vocab_size, d_model=32, n_layer=2, n_head=4, n_kv_head=2,
                  d_ff=64, max_seq_len=16)
     model = GPT(ModelConfig(**{**shape, **fields})).eval()
     save_checkpoint(run / "checkpoints", f"{step:06d}", model, train_seq_len=16, step=step,
-                    tokenizer_file=data_dir / "tokenizer.json")
+                    tokenizer_file=data_dir / "tokenizer.json", measured=measured)
     (run / "config.yaml").write_text(f"data:\n  root: {data_dir.parent}\n  name: {data_dir.name}\n"
-                                     f"train:\n  max_steps: {last}\n")
+                                     f"train:\n  max_steps: {last}\n"
+                                     f"  stop_at_accuracy: {json.dumps(stop_at_accuracy)}\n")
     records = [{"step": 10, "tok_per_s": 1000.0 + seed},
                {"step": 20, "tok_per_s": 3000.0, "max_attn_logit": 7.5}]
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
@@ -114,3 +128,39 @@ def test_a_lab_with_its_defaults_writes_only_under_the_ignored_runs_folder(prepa
     # In a checkout those paths are git-ignored, so `git status` stays clean.
     ignored = subprocess.run(["git", "check-ignore", *written], cwd=REPO, capture_output=True, text=True)
     assert ignored.returncode == 0 and ignored.stdout.split() == written
+
+
+def test_a_run_stopped_at_its_accuracy_is_finished_and_one_cut_short_at_that_step_is_not(prepared, tmp_path):
+    def run(name, target, **measured):
+        return save_run(tmp_path / name, prepared, seed=0, step=40, last=100, stop_at_accuracy=target,
+                        measured=measured)
+
+    assert is_finished(run("reached", 0.95, exact_1x=0.97))
+    assert not is_finished(run("killed", 0.95))  # stopped by a signal between evaluations
+    assert not is_finished(run("below", 0.95, exact_1x=0.9))  # an evaluation, then a kill
+    assert not is_finished(run("raised", 0.99, exact_1x=0.97))  # resumed with a higher target
+    assert not is_finished(run("no_target", None, exact_1x=0.97))
+    assert is_finished(save_run(tmp_path / "budget", prepared, seed=0, step=100, last=100))
+
+
+def test_the_budget_calibration_gives_each_rows_steps_and_the_budget_from_the_slowest(prepared, tmp_path):
+    runs = tmp_path / "runs"
+    for name, step, exact in (("copy/nope", 300, 0.97), ("copy/rope", 200, 0.99),
+                              ("addition/nope", 10_000, 0.4), ("addition/rope", 1_800, 0.96)):
+        save_run(runs / name / "seed0", prepared, seed=0, step=step, last=10_000, stop_at_accuracy=0.95,
+                 measured={"exact_1x": exact})
+    cfg = TaskLabConfig(calibrate="task_budget", tasks=["copy", "addition"], encodings=["nope", "rope"],
+                        seeds=[0], runs_root=str(runs))
+    page = task_lab(cfg, trainer=())
+    rows = {row["label"]: row for row in page["rows"]}
+    assert page["page"] == "task_budget" and rows["copy/rope"]["values"]["steps"] == [200]
+    assert rows["addition/nope"]["status"] == "not learned in 10,000 steps (0.40 at 1x)"
+    assert page["notes"] == ["**Budget: 2 × 1,800 steps (addition/rope, the slowest to learn) = 3,600 "
+                             "steps**, the task lab's `train.max_steps` (`configs/experiment/tasks.yaml`)."]
+    assert page["notes"][0] in (runs / "task_budget.md").read_text()
+
+
+def test_the_addition_calibration_scores_operands_of_exactly_one_two_and_three_digits():
+    assert size_bins(3, DIGIT_FACTORS) == [(1, 1), (2, 2), (3, 3)]
+    assert [row.train for row in LABS["addition_calibration"].rows(TaskLabConfig())] == [
+        ("task=addition", "pos=learned")]

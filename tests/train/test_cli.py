@@ -145,6 +145,10 @@ BAD = [
     (["train.optimizer=sgd"], "train.optimizer='sgd' is invalid: allowed: adamw | muon"),
     (["train.muon_lr_scale=0"], "train.muon_lr_scale=0 is invalid: must be a positive number"),
     (["train.muon_momentum=1"], "train.muon_momentum=1 is invalid: must be in [0, 1)"),
+    (["train.schedule=wsd", "train.decay_steps=500"], "train.decay_steps=500 is invalid: is cosine's; with "
+                                                      "schedule='wsd' it must be null"),
+    (["train.decay_steps=10"], "train.decay_steps=10 is invalid: must be more than warmup_steps=50"),
+    (["train.stop_at_accuracy=0.9"], "train.stop_at_accuracy=0.9 is invalid: needs a task (task.name)"),
     (["train.embedding_lr_scale=0"], "train.embedding_lr_scale=0 is invalid: must be a positive number"),
     # The default recipe sets the untied head's rate apart; tying the head back needs that rate at 1.
     (["model.tie_embeddings=true"], "train.head_lr_scale=0.3 is invalid: must be 1 with model.tie_"),

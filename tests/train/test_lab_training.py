@@ -15,7 +15,7 @@ from nanoattn.logging import read_metrics
 
 def lab_overrides(tiny_config, as_overrides, tmp_path, *drop: str, **train) -> list[str]:
     """The tiny model and data of the training tests, over a lab's experiment."""
-    return [o for o in as_overrides(tiny_config(tmp_path / "unused", eval_interval=0, **train))
+    return [o for o in as_overrides(tiny_config(tmp_path / "unused", **{"eval_interval": 0, **train}))
             if not o.startswith(("out_dir=", "model.pos=", "logger.", *drop))]
 
 
@@ -45,7 +45,7 @@ def test_the_task_lab_trains_every_pair_at_every_seed_then_publishes_its_page(tm
                                                                               as_overrides, trainer):
     # experiment=tasks drops the default recipe itself: its runs keep the suite's own optimizer keys.
     overrides = lab_overrides(tiny_config, as_overrides, tmp_path, "~recipe", "model.max_seq_len",
-                              max_steps=3)
+                              max_steps=3, eval_interval=3)  # the experiment stops a run at its accuracy
     cfg = TaskLabConfig(tasks=["copy"], encodings=["nope", "learned"], seeds=[0, 1], train=True, per_bin=8,
                         factors=[1, 4], runs_root=str(tmp_path / "runs"),
                         train_overrides=overrides + ["model.max_seq_len=40"])
@@ -56,6 +56,7 @@ def test_the_task_lab_trains_every_pair_at_every_seed_then_publishes_its_page(tm
     assert rows["copy/learned"]["values"]["exact 4x"] == [None, None]
     # Three steps learn nothing: each row says so rather than scoring lengths it never learned.
     assert all(row["status"].startswith("not learned (") for row in rows.values())
+    assert rows["copy/nope"]["values"]["steps"] == [3, 3]  # the budget spent, its accuracy not reached
     assert (tmp_path / "runs" / "tasks.md").is_file() and (tmp_path / "runs" / "tasks.png").is_file()
     for seed in (0, 1):
         assert (tmp_path / "runs" / "copy" / "nope" / f"seed{seed}" / "task_eval.json").is_file()
@@ -66,7 +67,7 @@ def test_a_lab_interrupted_then_rerun_publishes_the_table_of_an_uninterrupted_on
     """SIGTERM to a lab stops its training, which saves; the rerun resumes it and publishes the same
     numbers as a lab that was never stopped (all but the training speed, a measurement of the machine)."""
     overrides = lab_overrides(tiny_config, as_overrides, tmp_path, "~recipe", "model.max_seq_len",
-                              max_steps=40, ckpt_interval=0)
+                              max_steps=40, ckpt_interval=0, eval_interval=40)
     overrides.append("model.max_seq_len=40")
 
     def config(root: str) -> TaskLabConfig:

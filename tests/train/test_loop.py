@@ -11,10 +11,11 @@ import sys
 import pytest
 import torch
 import yaml
+from safetensors.torch import load_file
 
 import nanoattn.train.step as step
 from nanoattn import load_checkpoint
-from nanoattn.checkpoint import CheckpointError, load_trainer_state
+from nanoattn.checkpoint import CheckpointError, load_trainer_state, read_checkpoint_config
 from nanoattn.config import RunConfig
 from nanoattn.data import TokenData, bits_per_byte, data_dir
 from nanoattn.logging import read_metrics
@@ -111,6 +112,45 @@ def test_sigterm_checkpoints_and_the_resumed_run_equals_an_uninterrupted_one(
     monkeypatch.undo()
     train(config(tmp_path / "run", resume=True))
     compare_runs(run_dir, reference, 1e-6)
+
+
+def test_a_task_run_stops_at_its_accuracy_and_a_run_killed_before_stops_there_too_when_resumed(
+        tmp_path, tiny_config, monkeypatch, compare_runs):
+    # Parity of 1-2 bits: the first evaluations get no answer right, later ones the format and about
+    # half the bits, so 0.3 is reached within the budget and never at the first evaluation.
+    def config(out_dir, **more):
+        fields = dict(max_steps=60, lr=0.01, log_interval=2, eval_interval=4, ckpt_interval=100,
+                      stop_at_accuracy=0.3)
+        return {**tiny_config(out_dir, **{**fields, **more}), "task": {"name": "parity", "train_length": 2}}
+
+    reference = train(config(tmp_path / "reference"))
+    stopped = read_checkpoint_config(reference)
+    checks = [r for r in read_metrics(reference / "metrics.jsonl") if "exact_1x" in r]
+    assert 4 < stopped["step"] < 60 and checks[-1]["step"] == stopped["step"]
+    assert stopped["exact_1x"] == checks[-1]["exact_1x"] >= 0.3 > max(r["exact_1x"] for r in checks[:-1])
+
+    sent = {"done": False}
+
+    def sigterm_once(loss):
+        if not sent["done"]:
+            sent["done"] = True
+            os.kill(os.getpid(), signal.SIGTERM)
+        return loss
+
+    _inject(monkeypatch, 3, sigterm_once)
+    run = train(config(tmp_path / "run"))
+    assert read_checkpoint_config(run)["step"] == 3 and "exact_1x" not in read_checkpoint_config(run)
+    monkeypatch.undo()
+    train(config(tmp_path / "run", resume=True))
+    assert read_checkpoint_config(run) == stopped
+    compare_runs(run, reference, 0.0)
+    weights = [load_file(r / "checkpoints" / f"{stopped['step']:06d}" / "model.safetensors")
+               for r in (run, reference)]
+    assert weights[0].keys() == weights[1].keys()
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[1])
+    records = (run / "metrics.jsonl").read_text()
+    train(config(tmp_path / "run", resume=True))  # resumed again: nothing is left to train
+    assert (run / "metrics.jsonl").read_text() == records
 
 
 def test_a_non_finite_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, tiny_config,

@@ -91,6 +91,15 @@ def test_cosine_formula():
     assert lr_at(109, schedule="cosine", **KW) == pytest.approx(0.1)
 
 
+def test_cosine_over_decay_steps_then_holds_min_lr_whatever_max_steps():
+    for max_steps in (60, 110, 1000):
+        rates = [lr_at(s, schedule="cosine", **{**KW, "max_steps": max_steps}, decay_steps=60)
+                 for s in range(max_steps)]
+        assert rates[:60] == pytest.approx([lr_at(s, schedule="cosine", **{**KW, "max_steps": 60})
+                                            for s in range(60)])
+        assert rates[59:] == pytest.approx([0.1] * (max_steps - 59))
+
+
 def test_wsd_holds_then_decays_with_one_minus_sqrt():
     decay_start = 110 - 22  # decay_fraction 0.2 of 110 steps
     for s in range(10, decay_start):

@@ -29,7 +29,8 @@ def test_a_tiny_model_learns_copy_at_length_8_and_the_report_re_derives_every_in
     assert in_distribution["sizes"] == [5, 8] and in_distribution["exact"] >= 0.95
     assert in_distribution["token_accuracy"] >= 0.99 and in_distribution["exact_ci95"][0] > 0.9
     assert twice["sizes"] == [9, 16] and twice["exact"] < 0.5  # copy does not extrapolate here
-    assert report["task"] == {"name": "copy", "train_length": 8, "reversed_answer": True, "ignore_prob": 0.8}
+    assert report["task"] == {"name": "copy", "train_length": 8, "curriculum_steps": 0,
+                              "train_examples": None, "reversed_answer": True, "ignore_prob": 0.8}
     saved = json.loads((run / "task_eval.json").read_text())
     data = TaskData(TokenData(run_data_dir(resolve_checkpoint(run))), TaskConfig(name="copy").build(), 8)
     for record in saved["results"][1]["records"][:20]:
@@ -54,6 +55,20 @@ def test_task_config_errors_are_one_line():
         TaskConfig(name="flip_flop", ignore_prob=1.0)
     with pytest.raises(ValueError, match=r"train.passkey_fraction=0.5 is invalid: must be 0 with a task"):
         RunConfig(task={"name": "copy"}, train={"passkey_fraction": 0.5})
+    with pytest.raises(ValueError, match=r"task.curriculum_steps=-1 is invalid: must be a non-negative int"):
+        TaskConfig(name="addition", curriculum_steps=-1)
+    with pytest.raises(ValueError, match=r"task.train_examples=0 is invalid: must be a positive int"):
+        TaskConfig(name="addition", train_examples=0)
+    with pytest.raises(ValueError, match=r"task.train_examples=10 is invalid: must be null with "
+                                         r"task.curriculum_steps=5: a fixed set"):
+        TaskConfig(name="addition", train_examples=10, curriculum_steps=5)
+    stop = r"train.stop_at_accuracy=(\S+) is invalid: "
+    with pytest.raises(ValueError, match=stop + r"must be in \(0, 1\] or null"):
+        RunConfig(task={"name": "copy"}, train={"stop_at_accuracy": 1.5})
+    with pytest.raises(ValueError, match=stop + r"needs a task \(task.name\)"):
+        RunConfig(train={"stop_at_accuracy": 0.9})
+    with pytest.raises(ValueError, match=stop + r"needs train.eval_interval > 0"):
+        RunConfig(task={"name": "copy"}, train={"stop_at_accuracy": 0.9, "eval_interval": 0})
 
 
 

@@ -54,6 +54,16 @@ LAB_MULTIPLES = (1, 2, 4, 8, 16)  # perplexity labs: lengths as multiples of the
 TASK_LAB_TASKS = ("copy", "reverse", "addition", "selective_copy", "counting", "flip_flop")
 TASK_LAB_ENCODINGS = ("nope", "sinusoidal", "rope", "alibi", "t5", "cope")
 LEARNED = 0.95  # task lab: exact match at 1x below which a row is "not learned", and not judged past it
+# The task budget calibration: each run trains until it learns (train.stop_at_accuracy) or this cap,
+# and the task lab's budget (configs/experiment/tasks.yaml's train.max_steps) is BUDGET_FACTOR times
+# the most steps a run that learned needed.
+CALIBRATION_STEPS = 10_000
+BUDGET_FACTOR = 2
+CALIBRATIONS = ("task_budget", "addition_calibration")  # the task lab's calibrations, each a lab of LABS
+# The addition calibration's bins: operands of exactly 1, 2 and 3 digits (factors of its 3 digits).
+DIGIT_FACTORS = (1 / 3, 2 / 3, 1.0)
+# Lee et al. 2023's reported exact match on 3-digit addition with the sum reversed and 10,000 examples.
+LEE_2023_REVERSED = 1.0
 
 
 @dataclass
@@ -85,6 +95,9 @@ class TaskLabConfig(LabRunsConfig):
     """Every key of ``scripts/task_lab.py``."""
 
     owner: ClassVar[str] = "task_lab"
+    # A calibration instead of the lab (CALIBRATIONS, docs/results/<name>.md): task_budget trains each
+    # (task, encoding) run to the step it learns; addition_calibration is Lee et al. 2023's addition
+    calibrate: str | None = None
     tasks: list[str] = dataclasses.field(default_factory=lambda: list(TASK_LAB_TASKS))  # of nanoattn.tasks
     encodings: list[str] = dataclasses.field(default_factory=lambda: list(TASK_LAB_ENCODINGS))  # pos options
     factors: list[float] = dataclasses.field(default_factory=lambda: list(DEFAULT_FACTORS))
@@ -95,6 +108,8 @@ class TaskLabConfig(LabRunsConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         own = self.owner
+        if self.calibrate is not None:
+            check_choice(own, "calibrate", self.calibrate, CALIBRATIONS)
         for name, allowed in (("tasks", tuple(TASKS)), ("encodings", tuple(encoding_options()))):
             value = getattr(self, name)
             if isinstance(value, str) or not isinstance(value, (list, tuple)) or not value:
@@ -167,9 +182,65 @@ def task_report(cfg: TaskLabConfig, run: Path, row: Row) -> Report:
 
 
 def task_cells(report: Report) -> dict[str, float | None]:
-    """Exact match at each size bin (up to factor x the training size), and the training speed."""
+    """Exact match at each size bin (up to factor x the training size), the step its training
+    stopped at (its accuracy reached, or the budget spent) and the training speed."""
     return {**{f"exact {b['factor']:g}x": b.get("exact") for b in report["results"]},
-            "train tok/s": report["train_tok_per_s"]}
+            "steps": report["step"], "train tok/s": report["train_tok_per_s"]}
+
+
+def calibration_report(cfg: TaskLabConfig, run: Path, row: Row) -> Report:
+    """The step a calibration run stopped at, the exact match at 1x it measured there, its speed."""
+    meta = read_checkpoint_config(run)
+    return {"step": meta["step"], "exact_1x": meta.get("exact_1x"), "train_tok_per_s": training_speed(run)}
+
+
+def calibration_cells(report: Report) -> dict[str, float | None]:
+    return {"steps": report["step"], "exact 1x": report["exact_1x"], "train tok/s": report["train_tok_per_s"]}
+
+
+def learned_in_every_seed(cells: Mapping[str, Sequence[float | None]]) -> bool:
+    at_1x = cells.get("exact 1x", ())
+    return bool(at_1x) and None not in at_1x and min(at_1x) >= LEARNED
+
+
+def calibration_status(cells: Mapping[str, Sequence[float | None]]) -> str | None:
+    if learned_in_every_seed(cells):
+        return None
+    steps = max((v for v in cells.get("steps", ()) if v is not None), default=None)
+    at_1x = [v for v in cells.get("exact 1x", ()) if v is not None]
+    return (f"not learned in {steps:,.0f} steps" if steps is not None else "not learned") + (
+        f" ({statistics.fmean(at_1x):.2f} at 1x)" if at_1x else "")
+
+
+def task_budget(values: Mapping[str, Mapping[str, Sequence[float | None]]]) -> list[str]:
+    """The budget line: BUDGET_FACTOR times the most steps a row that learned needed."""
+    needed = {label: max(cells["steps"]) for label, cells in values.items() if learned_in_every_seed(cells)}
+    if not needed:
+        return ["No row learned its task: no budget follows."]
+    slowest = max(needed, key=needed.get)
+    return [f"**Budget: {BUDGET_FACTOR} × {needed[slowest]:,.0f} steps ({slowest}, the slowest to learn) = "
+            f"{BUDGET_FACTOR * needed[slowest]:,.0f} steps**, the task lab's `train.max_steps` "
+            "(`configs/experiment/tasks.yaml`)."]
+
+
+def addition_report(cfg: TaskLabConfig, run: Path, row: Row) -> Report:
+    report = run_task_eval(TaskEvalConfig(ckpt=str(run), factors=DIGIT_FACTORS, per_bin=cfg.per_bin,
+                                          seed=cfg.eval_seed, batch_size=cfg.batch_size, dtype=cfg.dtype,
+                                          device=cfg.device))
+    return {**report, "train_tok_per_s": training_speed(run)}
+
+
+def addition_cells(report: Report) -> dict[str, float | None]:
+    """Exact match with operands of 1, 2 and 3 digits, the steps trained and the training speed."""
+    return {**{f"exact {b['sizes'][1]}-digit": b.get("exact") for b in report["results"]},
+            "steps": report["step"], "train tok/s": report["train_tok_per_s"]}
+
+
+def addition_notes(values: Mapping[str, Mapping[str, Sequence[float | None]]]) -> list[str]:
+    return [f"**Lee et al. 2023: {LEE_2023_REVERSED:.2f}** exact match on 3-digit addition with the sum "
+            "reversed, 10,000 training examples and 5,000 steps (their Section 4: the reversed format "
+            "reaches full accuracy from a few thousand examples). The row above: `exact 3-digit` after "
+            "`steps` steps."]
 
 
 def task_status(cells: Mapping[str, Sequence[float | None]]) -> str | None:
@@ -223,8 +294,10 @@ LABS: dict[str, Lab] = {lab.name: lab for lab in (
         )),
     Lab("tasks", "Length generalization on tasks",
         "Each row trains a small model on one task at sizes up to its training size (`configs/experiment/"
-        "tasks.yaml`), then scores exact match on fresh instances in size bins up to 4x that size. A row "
-        f"whose exact match at 1x is below {LEARNED} did not learn its task and is not judged past it.",
+        "tasks.yaml`) until it has learned the task (exact match at 1x of 0.95 on fresh instances) or spent "
+        "the budget of its calibration (`task_budget.md`), `steps` saying where it stopped, then scores "
+        "exact match on fresh instances in size bins up to 4x that size. A row whose exact match at 1x is "
+        f"below {LEARNED} did not learn its task and is not judged past it.",
         lambda cfg: [Row(f"{task}/{pos}", f"{task}/{pos}", (f"task={task}", f"pos={pos}"))
                      for task in cfg.tasks for pos in cfg.encodings],
         task_report, task_cells, plot_tasks, status=task_status, claims=(
@@ -237,6 +310,24 @@ LABS: dict[str, Lab] = {lab.name: lab for lab in (
             Claim("Golovneva et al. 2024 (CoPE)", "CoPE generalizes better than RoPE on selective copy at 2x",
                   "exact 2x", "selective_copy/cope", "selective_copy/rope", lower_is_better=False),
         )),
+    Lab("task_budget", "The task lab's step budget: steps to learn each task",
+        "Each row trains the task lab's run of one task and encoding (`configs/experiment/tasks.yaml`) until "
+        f"its exact match at 1x reaches `train.stop_at_accuracy` or step {CALIBRATION_STEPS:,}, and reports "
+        "the step it stopped at. The rate is a cosine over `train.decay_steps`, then a tenth of its peak "
+        "held, whatever the budget: a run that learns stops where the task lab's run of that task, "
+        "encoding and seed stops. The budget below is the one the task lab trains with.",
+        lambda cfg: [Row(f"{task}/{pos}", f"{task}/{pos}", (f"task={task}", f"pos={pos}"))
+                     for task in cfg.tasks for pos in cfg.encodings],
+        calibration_report, calibration_cells, None, status=calibration_status, notes=task_budget,
+        experiment="tasks", train_extra=lambda cfg, row, seed: [f"train.max_steps={CALIBRATION_STEPS}"]),
+    Lab("addition_calibration", "Calibration: 3-digit addition at Lee et al. 2023's shape",
+        "One run of `configs/experiment/addition_calibration.yaml`: Lee et al. 2023's NanoGPT (6 layers, 6 "
+        "heads, d_model 384, learned positions, dropout 0.2) on 3-digit addition with the sum reversed, "
+        "10,000 training examples, batch 256, AdamW at 1e-3, for as many of their 5,000 steps as the "
+        "command gave it (`steps`). Exact match is scored on fresh instances with operands of 1, 2 and 3 "
+        "digits; the loss is on the answer only, theirs on every character.",
+        lambda cfg: [Row("addition/learned", "addition/learned", ("task=addition", "pos=learned"))],
+        addition_report, addition_cells, plot_tasks, notes=addition_notes),
 )}
 
 
@@ -250,7 +341,8 @@ def attention_lab(cfg: AttentionLabConfig, trainer: Sequence[str]) -> dict[str, 
 
 
 def task_lab(cfg: TaskLabConfig, trainer: Sequence[str]) -> dict[str, Any]:
-    return run_lab(LABS["tasks"], cfg, trainer)
+    """The command: the task lab, or with ``calibrate`` one of its calibrations."""
+    return run_lab(LABS[cfg.calibrate or "tasks"], cfg, trainer)
 
 
 __all__ = ["LABS", "AttentionLabConfig", "Lab", "LabConfig", "LabRunsConfig", "Row", "TaskLabConfig",

@@ -5,15 +5,17 @@ Design choices:
 - A lab (``Lab``) is a list of rows, one evaluation per run, the columns a report gives, a
   figure, and the papers' claims its rows test. ``run_lab`` runs every lab the same way: train
   (with ``train=true``) each row at each seed, ``<runs_root>/<row>/seed<k>``, with the lab
-  script's training command and ``experiment=<lab>``; evaluate every finished run; write the
-  results page (``nanoattn.eval.results``: every seed's values, means with 95% intervals, the
-  claims decided by their intervals) to ``<out>/<lab>.{json,md,png}``.
+  script's training command and ``experiment=<lab>`` (or the one the lab names); evaluate every
+  finished run; write the results page (``nanoattn.eval.results``: every seed's values, means
+  with 95% intervals, the claims decided by their intervals) to ``<out>/<lab>.{json,md,png}``.
 - Runs land in ``runs/<lab>/`` and the page beside them, so a lab run with its defaults leaves
   the checkout unchanged; ``out=docs/results`` publishes the page.
-- A run is finished when its latest checkpoint is at its configured last step. Training resumes
-  every run that is not (so a killed lab continues where it stopped, and adding a seed trains
-  only the new runs); a run still unfinished at evaluation is shown as unfinished with its step,
-  never as a result.
+- A run is finished when its latest checkpoint is at its configured last step, or when that
+  checkpoint ended the run at its accuracy (``train.stop_at_accuracy``: the checkpoint records the
+  exact match it reached, which a run cut short at the same step lacks). Training resumes every
+  run that is not (so a killed lab continues where it stopped, and adding a seed trains only the
+  new runs); a run still unfinished at evaluation is shown as unfinished with its step, never as
+  a result.
 - The library never reaches into ``scripts/``: the training command is the lab script's to give
   (``trainer``), and the lab runs it once per run.
 """
@@ -29,7 +31,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 from nanoattn.checkpoint import CheckpointError, read_checkpoint_config, read_run_config
 from nanoattn.commands.eval_length import LengthEvalConfig
@@ -37,6 +39,7 @@ from nanoattn.eval.results import Claim, check_page_output, git_state, record, r
 from nanoattn.eval.runs import is_path
 from nanoattn.logging import read_metrics
 from nanoattn.runtime import DTYPES, check_device_name
+from nanoattn.train.run_dir import reached_accuracy
 from nanoattn.validation import check_bool, check_choice, check_positive_int, check_seed, fail
 
 
@@ -103,34 +106,49 @@ class Lab:
     rows: Callable[[Any], list[Row]]
     evaluate: Callable[[Any, Path, Row], Report]
     cells: Callable[[Report], dict[str, float | None]]
-    plot: Callable[[Sequence[Report], Sequence[str], Path], Path]
+    # The figure of the rows' reports averaged over seeds (``mean_report``); None: the page has none.
+    plot: Callable[[Sequence[Report], Sequence[str], Path], Path] | None
     claims: tuple[Claim, ...] = ()
     # Extra training overrides of one run: (config, row, seed) -> overrides.
     train_extra: Callable[[Any, Row, int], list[str]] = lambda cfg, row, seed: []
     # A row's status from its cells over the seeds, None when its numbers stand (task lab: not learned).
     status: Callable[[Mapping[str, Sequence[float | None]]], str | None] = lambda cells: None
+    # Lines the page states below its table, from every row's cells (the task budget: the budget).
+    notes: Callable[[Mapping[str, Mapping[str, Sequence[float | None]]]], list[str]] = lambda values: []
+    experiment: str | None = None  # the experiment its runs train with; None: its name
 
 
 def run_dir(runs_root: Path, run: str, seed: int) -> Path:
     return runs_root / run / f"seed{seed}"
 
 
-def progress(run: Path) -> tuple[int | None, int | None]:
-    """A run's latest checkpoint step and its configured last step (None where it has none)."""
+class Progress(NamedTuple):
+    """How far a run went (None where it has no checkpoint or no config)."""
+
+    step: int | None  # its latest checkpoint's
+    last: int | None  # its configured last step, train.max_steps
+    reached: float | None  # the exact match at 1x its latest checkpoint stopped it at, if it did
+
+    @property
+    def finished(self) -> bool:
+        return self.step is not None and (self.step == self.last or self.reached is not None)
+
+
+def progress(run: Path) -> Progress:
     try:
-        step = read_checkpoint_config(run)["step"]
+        meta = read_checkpoint_config(run)
     except CheckpointError:
-        step = None
+        meta = {}
     try:
-        last = read_run_config(run, "train")["max_steps"]
-    except (ValueError, KeyError):
-        last = None
-    return step, last
+        train = read_run_config(run, "train")
+    except ValueError:
+        train = {}
+    reached = meta["exact_1x"] if reached_accuracy(meta, train.get("stop_at_accuracy")) else None
+    return Progress(meta.get("step"), train.get("max_steps"), reached)
 
 
 def is_finished(run: Path) -> bool:
-    step, last = progress(run)
-    return step is not None and step == last
+    return progress(run).finished
 
 
 def train_runs(trainer: Sequence[str], experiment: str, jobs: Mapping[Path, Sequence[str]], workers: int,
@@ -211,7 +229,7 @@ def run_lab(lab: Lab, cfg: LabRunsConfig, trainer: Sequence[str]) -> dict[str, A
         jobs = {run_dir(runs_root, row.run, seed): [*row.train, f"train.seed={seed}",
                                                      *lab.train_extra(cfg, row, seed)]
                 for row in rows if row.train for seed in cfg.seeds}
-        train_runs(trainer, lab.name, jobs, cfg.workers, cfg.train_overrides)
+        train_runs(trainer, lab.experiment or lab.name, jobs, cfg.workers, cfg.train_overrides)
     missing = sorted({str(run_dir(runs_root, row.run, seed)) for row in rows for seed in cfg.seeds
                       if not run_dir(runs_root, row.run, seed).is_dir()})
     if missing:
@@ -224,9 +242,9 @@ def run_lab(lab: Lab, cfg: LabRunsConfig, trainer: Sequence[str]) -> dict[str, A
         reports, unfinished = [], []
         for seed in cfg.seeds:
             run = run_dir(runs_root, row.run, seed)
-            step, last = progress(run)
-            if step is None or step != last:
-                unfinished.append(f"seed {seed} at step {step} of {last}")
+            went = progress(run)
+            if not went.finished:
+                unfinished.append(f"seed {seed} at step {went.step} of {went.last}")
                 reports.append(None)
                 continue
             reports.append(lab.evaluate(cfg, run, row))
@@ -237,12 +255,12 @@ def run_lab(lab: Lab, cfg: LabRunsConfig, trainer: Sequence[str]) -> dict[str, A
         if row_status:
             status[row.label] = row_status
         done = [r for r in reports if r is not None]
-        if done:
+        if done and lab.plot is not None:
             figure_reports.append(mean_report(done))
             figure_labels.append(row.label)
         print(f"{row.label}: evaluated ({time.perf_counter() - began:.0f} s)", flush=True)
     page = record(lab.name, lab.title, lab.about, cfg.seeds, values, claims=lab.claims, status=status,
-                  wall_seconds=time.perf_counter() - began, **origin)
+                  notes=lab.notes(values), wall_seconds=time.perf_counter() - began, **origin)
     path = write_page(out, page, figure=(lambda p: lab.plot(figure_reports, figure_labels, p))
                       if figure_reports else None, key=f"{cfg.owner}.out")
     print(render_page(page), end="")
