@@ -153,9 +153,9 @@ def _score_bin(model, data: TaskData, seeds: list[list[int]], sizes: tuple[int, 
     for start in range(0, len(seeds), batch_size):
         chunk = seeds[start:start + batch_size]
         instances = [data.draw(words, sizes, "val") for words in chunk]
-        x, y = data.rows(instances)
+        x, y, *positions = data.rows(instances)  # positions: when the task gives them
         with autocast(device, amp_dtype):
-            predicted = model(x.to(device)).argmax(dim=-1).cpu()
+            predicted = model(x.to(device), *(p.to(device) for p in positions)).argmax(dim=-1).cpu()
         exact, correct, scored = score_predictions(predicted, y)
         records += [{"seed": words, "size": item.size, "exact": bool(e), "correct": int(c), "scored": int(s)}
                     for words, item, e, c, s in zip(chunk, instances, exact, correct, scored, strict=True)]

@@ -21,6 +21,8 @@ Design choices:
   contract, one instance a row with answer-only targets, drawn from seeds of the step, so
   resume stays exact; the row width is the task's largest training instance unless
   ``train.seq_len`` says more. Its ``val_loss`` is the answer tokens' loss.
+- A batch is (x, y), or (x, y, positions) when its data gives each token its own position
+  (position coupling, ``train.random_positions``): everything here passes the tuple on whole.
 - bf16 autocast (fp32 master weights and optimizer state) where the hardware has fast bf16:
   CUDA GPUs that support it, and CPUs with native bf16 matmul instructions, AMX (``amx_bf16``)
   or AVX512-BF16 (``avx512_bf16``), read from /proc/cpuinfo. Without them bf16 is emulated and
@@ -229,7 +231,7 @@ class _Run:
         # Validation batches are global like training batches (batch_size x world_size rows, this
         # rank's slice), so the windows do not depend on how many processes share them.
         rows = slice(d.rank * t.batch_size, (d.rank + 1) * t.batch_size)
-        self.val = [(x[rows], y[rows]) for x, y in data.val_batches(
+        self.val = [tuple(t[rows] for t in batch) for batch in data.val_batches(
             t.eval_steps, batch_size=t.batch_size * d.world_size, seq_len=self.seq_len)]
         self.tokens_per_step = t.batch_size * t.grad_accum * d.world_size * self.seq_len
         self._describe(model, run_dir, start)
@@ -295,8 +297,8 @@ class _Run:
                 batches = [self.data.train_batch(step, batch_size=t.batch_size, seq_len=self.seq_len,
                                                  seed=t.seed, micro_step=micro, rank=d.rank,
                                                  world_size=d.world_size) for micro in range(t.grad_accum)]
-                batches = [(x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True))
-                           for x, y in batches]  # [B, T] each
+                batches = [tuple(t.to(self.device, non_blocking=True) for t in batch)
+                           for batch in batches]  # (x, y[, positions]) [B, T] each
                 losses, grad_norm = optimizer_step(self.net, self.model, self.optimizer, batches,
                                                    grad_clip=t.grad_clip, autocast=self.autocast,
                                                    ddp=d.enabled)
@@ -355,13 +357,13 @@ class _Run:
         """Mean loss over the fixed validation windows, each rank its slice of every batch."""
         self.model.eval()
         total = torch.zeros(2, dtype=torch.float64, device=self.device)  # [loss sum, batches]
-        for x, y in self.val:
+        for batch in self.val:
             with self.autocast():
-                loss = self.model.loss(x.to(self.device), y.to(self.device))
+                loss = self.model.loss(*(t.to(self.device) for t in batch))
             total += torch.stack([loss.double(), torch.ones((), dtype=torch.float64, device=self.device)])
-        x, _ = self.val[0]
+        x, _, *positions = (t.to(self.device) for t in self.val[0])
         with self.autocast():
-            largest = self.model.max_attention_logit(x.to(self.device))
+            largest = self.model.max_attention_logit(x, *positions)
         self.model.train()
         loss_sum, n = distributed.all_reduce_sum(self.dist, total).tolist()
         val_loss = loss_sum / n

@@ -90,3 +90,34 @@ def test_a_tokenizer_without_the_tasks_characters_is_refused(tmp_path, text_conf
     assert missing, "the made-up corpus should lack some of the task's characters"
     with pytest.raises(DataError, match=r"task addition needs every character of .* as one token"):
         TaskData(char_data, TASKS["addition"](), 4)
+
+
+class Positioned:
+    """A stand-in task whose instances give position ids (10, 11, ... and the answer back at 10)."""
+
+    name, alphabet, min_size, uses_filler = "positioned", "ab>", 1, False
+
+    def instance(self, rng, size, filler=None):
+        text = "".join(np.asarray(list("ab"))[rng.integers(0, 2, size)])
+        return Instance(size, (Segment(text + ">"), Segment(text, scored=True)),
+                        positions=(*range(10, 11 + size), *range(10, 10 + size)))
+
+    def for_training(self, instance, rng):
+        shift = int(rng.integers(0, 5))
+        return Instance(instance.size, instance.segments, tuple(p + shift for p in instance.positions))
+
+    def max_tokens(self, size):
+        return 2 * size + 1
+
+
+def test_task_rows_carry_their_instances_positions(byte_data):
+    data = TaskData(byte_data, Positioned(), 3)
+    instance = data.draw((1, 2), (3, 3), "val")
+    x, y, positions = data.rows([instance], 9)
+    # EOT, abc>, ab (c, predicting the closing EOT, is no input), padding
+    assert positions.tolist() == [[0, 10, 11, 12, 13, 10, 11, 12, 0]]
+    train = data.train_batch(0, batch_size=4, seq_len=9, seed=0)
+    assert len(train) == 3 and (train[2][:, 1] >= 10).all() and len(set(train[2][:, 1].tolist())) > 1
+    assert torch.equal(train[2], data.train_batch(0, batch_size=4, seq_len=9, seed=0)[2])  # a pure function
+    val = data.val_batches(1, batch_size=2, seq_len=9)[0]
+    assert (val[2][:, 1] == 10).all()  # validation takes instances as drawn
