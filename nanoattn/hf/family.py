@@ -69,7 +69,7 @@ def required(hf: Mapping[str, Any], key: str, where: str) -> int:
 # (Qwen 3: QK-norm before RoPE; Ministral: sliding windows).
 PLAIN_ATTENTION = {"qk_norm": "none", "attn_sinks": False, "attn_softcap": None, "logit_softcap": None,
                    "sliding_window": None, "diff_attn": False, "mla_kv_rank": None, "value_embeds": 0,
-                   "token_shift": False}
+                   "token_shift": False, "abacus": False}
 
 
 def shortest_cycle(values: list[Any]) -> Any:

@@ -49,6 +49,8 @@ class _LayerBuffers:
     positions: torch.Tensor | None = None  # [B, capacity]: each token's given position, when given
     # With token_shift: the newest cached token's embedding [B, 1, d_model], the next token's predecessor.
     last_embedding: torch.Tensor | None = None
+    # With abacus: the newest cached token's index in its run of digits [B], which the next may continue.
+    last_abacus: torch.Tensor | None = None
 
     def _allocate(self, cfg, batch_size: int, slots: list[int], device, dtype: torch.dtype,
                   what: str) -> None:

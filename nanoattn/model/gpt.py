@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from nanoattn.config import ModelConfig
+from nanoattn.model.abacus import Abacus
 from nanoattn.model.attention import Attention, softcap
 from nanoattn.model.cache import KVCache, StreamingCache
 from nanoattn.model.latent import LatentAttention
@@ -60,6 +61,7 @@ class GPT(nn.Module):
         self.value_emb = nn.ModuleList(nn.Embedding(cfg.vocab_size, cfg.n_kv_head * cfg.head_dim)
                                        for _ in range(cfg.value_embeds))
         self.pos = build_positional(cfg)
+        self.abacus = Abacus(cfg) if cfg.abacus else None  # McLeish et al.'s digit indices, beside any pos
         self.positions_refusal = positions_refusal(cfg)  # why given positions are refused; None: taken
         self.blocks = nn.ModuleList(Block(cfg, layer) for layer in range(cfg.n_layer))
         self.norm = make_norm(cfg)
@@ -112,6 +114,8 @@ class GPT(nn.Module):
         if self.shift_gate is not None:
             x = self._shift_tokens(x, cache)
         x = self.pos.embed(x, positions)
+        if self.abacus is not None:
+            x = x + self.abacus(idx, cache).to(x.dtype)
         x = dropout(x, self.cfg.dropout, self.training)
         value_embeds = [table(idx) for table in self.value_emb]  # [B, T, n_kv_head * head_dim] each
         all_weights = []

@@ -56,7 +56,7 @@ from nanoattn.checkpoint import (
     save_checkpoint,
 )
 from nanoattn.config import RunConfig
-from nanoattn.data import TaskData, TokenData, bits_per_byte, load_tokenizer, open_prepared
+from nanoattn.data import TaskData, TokenData, bits_per_byte, digit_ids, load_tokenizer, open_prepared
 from nanoattn.eval.passkey import PasskeyMix
 from nanoattn.logging import make_logger, note, truncate_metrics
 from nanoattn.model import GPT
@@ -138,7 +138,8 @@ class _Run:
         return data
 
     def _fit_vocab(self, data: TokenData) -> None:
-        """model.vocab_size follows the tokenizer: raised to it, or kept when larger (padding)."""
+        """model.vocab_size follows the tokenizer: raised to it, or kept when larger (padding); so do
+        model.abacus_digits, the ids of its digits, unless the model (a checkpoint's) has them."""
         given, need = self.cfg.model.vocab_size, data.vocab_size
         if self.t.init_from is not None:
             if given < need:
@@ -156,6 +157,8 @@ class _Run:
                      f"tokenizer's {need}")
         else:
             self.say(f"model.vocab_size={given}: the tokenizer's vocabulary")
+        if self.cfg.model.abacus and self.cfg.model.abacus_digits is None:  # a checkpoint's are kept
+            self.cfg.model = dataclasses.replace(self.cfg.model, abacus_digits=digit_ids(data.tokenizer))
 
     # ------------------------------------------------------------------ run
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from nanoattn.checkpoint import resolve_checkpoint
+from nanoattn.checkpoint import read_checkpoint_config, resolve_checkpoint
 from nanoattn.commands.eval_task import TaskEvalConfig, run_task, run_task_eval
 from nanoattn.config import RunConfig, TaskConfig
 from nanoattn.data import TaskData, TokenData
@@ -62,3 +62,12 @@ def test_a_learned_table_shorter_than_the_tasks_instances_is_refused_before_trai
            "task": {"name": "copy", "train_length": 8}}
     with pytest.raises(ValueError, match=r"model.max_seq_len=16 is invalid for task copy: its instances"):
         train(cfg)
+
+
+def test_an_abacus_run_reads_its_digits_from_the_tokenizer(tmp_path, tiny_config):
+    cfg = {**tiny_config(tmp_path / "abacus", model={"pos": "fire", "abacus": True, "vocab_size": 257},
+                         max_steps=2, eval_interval=0, ckpt_interval=0),
+           "task": {"name": "addition", "train_length": 3}}
+    run = train(cfg)
+    model = read_checkpoint_config(run)["model"]
+    assert model["abacus"] and model["abacus_digits"] == list(b"0123456789")  # the byte tokenizer's
