@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from nanoattn.config.model import ModelConfig
+from nanoattn.positional import positions_refusal
 from nanoattn.runtime import DEVICES
 from nanoattn.tasks import TASKS, Task
 from nanoattn.validation import (
@@ -145,6 +146,9 @@ class TrainConfig:
     # checkpoint wins and init_from only shapes the model, so a fine-tune resumes with its own command.
     init_from: str | None = None
     passkey_fraction: float = 0.0  # share of each training batch made of passkey samples (eval/passkey.py)
+    # Ruoss et al. 2023: each training row at an ordered random sample of positions from [0, this), an L
+    # far past the training length (data/random_positions.py); evaluation uses 0..T-1. None: off.
+    random_positions: int | None = None
 
     def __post_init__(self) -> None:
         own = "train"
@@ -184,6 +188,8 @@ class TrainConfig:
             check_text(own, "init_from", self.init_from)
         check_number(own, "passkey_fraction", self.passkey_fraction, "must be in [0, 1]",
                      lambda x: 0 <= x <= 1)
+        if self.random_positions is not None:
+            check_positive_int(own, "random_positions", self.random_positions)
 
 
 @dataclass
@@ -278,9 +284,25 @@ class RunConfig:
                                                   f" (the model of train.init_from={self.train.init_from!r})")
             fail("train", "head_lr_scale", self.train.head_lr_scale,
                  f"must be 1 with {tied}: the head is the token table, which embedding_lr_scale sets")
+        self._check_random_positions()
         if self.task.name is not None and self.train.passkey_fraction > 0:
             fail("train", "passkey_fraction", self.train.passkey_fraction,
                  "must be 0 with a task: passkey samples replace corpus rows, and a task run has none")
+
+    def _check_random_positions(self) -> None:
+        length = self.train.random_positions
+        if length is None:
+            return
+        refusal = positions_refusal(self.model)
+        if refusal is not None:
+            fail("train", "random_positions", length, f"needs encodings that take given positions: {refusal}")
+        limit = self.model.length_limit
+        if limit is not None and length > limit:
+            fail("train", "random_positions", length, f"must be at most model.max_seq_len={limit} with "
+                 f"pos={self.model.pos!r} (its learned positions have no value past it)")
+        if self.task.name is None and length < self.seq_len:
+            fail("train", "random_positions", length, f"must be at least the training length {self.seq_len}: "
+                 "each row draws that many distinct positions")
 
     @property
     def seq_len(self) -> int:

@@ -56,7 +56,15 @@ from nanoattn.checkpoint import (
     save_checkpoint,
 )
 from nanoattn.config import RunConfig
-from nanoattn.data import TaskData, TokenData, bits_per_byte, digit_ids, load_tokenizer, open_prepared
+from nanoattn.data import (
+    RandomPositions,
+    TaskData,
+    TokenData,
+    bits_per_byte,
+    digit_ids,
+    load_tokenizer,
+    open_prepared,
+)
 from nanoattn.eval.passkey import PasskeyMix
 from nanoattn.logging import make_logger, note, truncate_metrics
 from nanoattn.model import GPT
@@ -193,6 +201,8 @@ class _Run:
                 raise ValueError(f"model.max_seq_len={limit} is invalid for task {cfg.task.name}: its "
                                  f"instances need {self.seq_len} positions, and pos={cfg.model.pos!r} has "
                                  "learned ones only up to max_seq_len")
+        if t.random_positions is not None:  # Ruoss et al.: each training row at random ordered positions
+            data = RandomPositions(data, t.random_positions)
         state = load_trainer_state(ckpt) if ckpt is not None else None
         if state is not None:
             check_resumable(state, ckpt, d.world_size, t.batch_size)
