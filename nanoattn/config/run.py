@@ -15,7 +15,8 @@ from typing import Any
 from nanoattn.config.model import ModelConfig
 from nanoattn.positional import positions_refusal
 from nanoattn.runtime import DEVICES
-from nanoattn.tasks import TASKS, Task
+from nanoattn.tasks import EVAL_FACTORS, TASKS, Task
+from nanoattn.tasks.addition import HINTS
 from nanoattn.validation import (
     as_float,
     check_bool,
@@ -200,7 +201,13 @@ class TaskConfig:
     # L: training instances have sizes drawn uniformly in [the task's min_size, L]; None: the task's own
     train_length: int | None = None
     reversed_answer: bool = True  # addition: the sum written least significant digit first
+    reversed_operands: bool = False  # addition: the operands too (McLeish et al.'s format, for Abacus)
     ignore_prob: float = 0.8  # flip_flop: share of ignore instructions (sparse 0.98, dense 0.1)
+    # Cho et al. 2024 (addition, copy, reverse): tokens of one place share a position id, the model's
+    # position for them; training starts the ids at a random offset keeping them <= max_position.
+    position_coupling: bool = False
+    max_position: int | None = None  # None: 4 x train_length + 2, every id of the default evaluation's sizes
+    index_hints: bool = False  # addition (Zhou et al. 2023): each digit after a letter naming its place
 
     def __post_init__(self) -> None:
         own = "task"
@@ -212,8 +219,32 @@ class TaskConfig:
         if self.name is not None and self.train_length < TASKS[self.name].min_size:
             fail(own, "train_length", self.train_length,
                  f"must be at least {TASKS[self.name].min_size}, the smallest {self.name} instance")
-        check_bool(own, "reversed_answer", self.reversed_answer)
+        for name in ("reversed_answer", "reversed_operands", "position_coupling", "index_hints"):
+            check_bool(own, name, getattr(self, name))
         check_number(own, "ignore_prob", self.ignore_prob, "must be in [0, 1)", lambda x: 0 <= x < 1)
+        self._check_places()
+
+    def _check_places(self) -> None:
+        """The options that mark a digit's place: only for the tasks that read them, one at a time."""
+        own = "task"
+        for name in ("reversed_operands", "position_coupling", "index_hints"):
+            readers = [task for task, cls in TASKS.items() if name in cls.options]
+            if getattr(self, name) and self.name not in readers:
+                where = "and task.name is null" if self.name is None else f"not {self.name}"
+                fail(own, name, True, f"applies to task {' | '.join(readers)}, {where}")
+        if self.position_coupling and self.index_hints:
+            fail(own, "index_hints", True, "must be false with position_coupling=true: two ways to mark "
+                 "places, each its own paper's")
+        if self.max_position is not None:
+            check_positive_int(own, "max_position", self.max_position)
+        elif self.position_coupling:
+            self.max_position = int(max(EVAL_FACTORS) * self.train_length) + 2
+        if self.position_coupling and self.max_position < self.train_length + 2:
+            fail(own, "max_position", self.max_position, f"must be at least train_length + 2 = "
+                 f"{self.train_length + 2}, the largest id of a training instance")
+        if self.index_hints and self.train_length + 1 > len(HINTS):
+            fail(own, "train_length", self.train_length, f"must be at most {len(HINTS) - 1} with "
+                 f"index_hints: an instance of n digits takes n + 1 of the {len(HINTS)} hint letters")
 
     def build(self) -> Task:
         """The task generator ``name`` with the options it reads."""
@@ -285,6 +316,7 @@ class RunConfig:
             fail("train", "head_lr_scale", self.train.head_lr_scale,
                  f"must be 1 with {tied}: the head is the token table, which embedding_lr_scale sets")
         self._check_random_positions()
+        self._check_coupling()
         if self.task.name is not None and self.train.passkey_fraction > 0:
             fail("train", "passkey_fraction", self.train.passkey_fraction,
                  "must be 0 with a task: passkey samples replace corpus rows, and a task run has none")
@@ -296,6 +328,9 @@ class RunConfig:
         refusal = positions_refusal(self.model)
         if refusal is not None:
             fail("train", "random_positions", length, f"needs encodings that take given positions: {refusal}")
+        if self.task.position_coupling:
+            fail("train", "random_positions", length, "must be null with task.position_coupling=true: both "
+                 "set the positions")
         limit = self.model.length_limit
         if limit is not None and length > limit:
             fail("train", "random_positions", length, f"must be at most model.max_seq_len={limit} with "
@@ -303,6 +338,17 @@ class RunConfig:
         if self.task.name is None and length < self.seq_len:
             fail("train", "random_positions", length, f"must be at least the training length {self.seq_len}: "
                  "each row draws that many distinct positions")
+
+    def _check_coupling(self) -> None:
+        if not self.task.position_coupling:
+            return
+        refusal = positions_refusal(self.model)
+        if refusal is not None:
+            fail("task", "position_coupling", True, f"needs encodings that take given positions: {refusal}")
+        limit = self.model.length_limit
+        if limit is not None and self.task.max_position >= limit:
+            fail("task", "max_position", self.task.max_position, f"must be below model.max_seq_len={limit} "
+                 f"with pos={self.model.pos!r} (its learned positions have no value past it)")
 
     @property
     def seq_len(self) -> int:

@@ -35,10 +35,10 @@ from nanoattn.data.tasks import EVAL_STREAM, row_inputs
 from nanoattn.eval.tables import format_table
 from nanoattn.model import IGNORE_INDEX, check_forward_fits
 from nanoattn.runtime import autocast, autocast_dtype, check_fits
-from nanoattn.tasks import Task
+from nanoattn.tasks import EVAL_FACTORS, Task
 from nanoattn.validation import as_float, fail
 
-DEFAULT_FACTORS = (1.0, 1.5, 2.0, 3.0, 4.0)
+DEFAULT_FACTORS = EVAL_FACTORS
 DEFAULT_PER_BIN = 400
 # An instance's record as Python objects (its seed words, size and result), measured with tracemalloc:
 # the report keeps every one, and writing it takes more.

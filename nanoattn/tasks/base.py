@@ -28,6 +28,9 @@ from typing import ClassVar
 import numpy as np
 
 Piece = str | np.ndarray  # task text, or filler token ids
+# The size factors an evaluation scores by default (nanoattn.eval.tasks): the largest sets how far
+# position ids must have been trained (position coupling's max_position).
+EVAL_FACTORS = (1.0, 1.5, 2.0, 3.0, 4.0)
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,13 @@ class Task(abc.ABC):
         """The form ``instance`` is trained in: its position ids or hints from a random start drawn
         from ``rng``, for a task that has them; otherwise the instance itself."""
         return instance
+
+
+def shifted_positions(instance: Instance, rng: np.random.Generator, max_position: int) -> Instance:
+    """``instance`` with every position id moved up by one offset uniform in [0, max_position - its
+    largest] (Cho et al.'s random start: the ids of longer instances are trained too)."""
+    shift = int(rng.integers(0, max_position - max(instance.positions) + 1))
+    return Instance(instance.size, instance.segments, tuple(p + shift for p in instance.positions))
 
 
 def symbols(rng: np.random.Generator, alphabet: str, count: int) -> str:

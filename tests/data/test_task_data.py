@@ -121,3 +121,15 @@ def test_task_rows_carry_their_instances_positions(byte_data):
     assert torch.equal(train[2], data.train_batch(0, batch_size=4, seq_len=9, seed=0)[2])  # a pure function
     val = data.val_batches(1, batch_size=2, seq_len=9)[0]
     assert (val[2][:, 1] == 10).all()  # validation takes instances as drawn
+
+
+def test_a_coupled_row_of_123_plus_45_carries_its_ids(byte_data):
+    """The row EOT 1 2 3 + 4 5 = 8 6 1 (the last predicts the closing EOT): EOT at 0, then Cho et al.'s."""
+    task = TaskConfig(name="addition", train_length=3, position_coupling=True).build()
+    data = TaskData(byte_data, task, 3)
+    x, y, positions = data.rows([task.written("123", "45")])
+    assert x[0].tolist() == [byte_data.eot_id, *b"123+45=861"]
+    assert positions.tolist() == [[0, 2, 3, 4, 5, 3, 4, 5, 4, 3, 2]]
+    trained = data.train_batch(0, batch_size=8, seq_len=data.seq_len, seed=0)[2]
+    shifts = trained[:, 1] - 2  # a first operand's leading digit is at 2 from start 1, whatever its size
+    assert (trained[:, 0] == 0).all() and trained.max() <= task.max_position and len(set(shifts.tolist())) > 1

@@ -29,7 +29,9 @@ def test_a_tiny_model_learns_copy_at_length_8_and_the_report_re_derives_every_in
     assert in_distribution["sizes"] == [5, 8] and in_distribution["exact"] >= 0.95
     assert in_distribution["token_accuracy"] >= 0.99 and in_distribution["exact_ci95"][0] > 0.9
     assert twice["sizes"] == [9, 16] and twice["exact"] < 0.5  # copy does not extrapolate here
-    assert report["task"] == {"name": "copy", "train_length": 8, "reversed_answer": True, "ignore_prob": 0.8}
+    assert report["task"] == {"name": "copy", "train_length": 8, "reversed_answer": True,
+                              "reversed_operands": False, "ignore_prob": 0.8, "position_coupling": False,
+                              "max_position": None, "index_hints": False}
     saved = json.loads((run / "task_eval.json").read_text())
     data = TaskData(TokenData(run_data_dir(resolve_checkpoint(run))), TaskConfig(name="copy").build(), 8)
     for record in saved["results"][1]["records"][:20]:
@@ -71,3 +73,14 @@ def test_an_abacus_run_reads_its_digits_from_the_tokenizer(tmp_path, tiny_config
     run = train(cfg)
     model = read_checkpoint_config(run)["model"]
     assert model["abacus"] and model["abacus_digits"] == list(b"0123456789")  # the byte tokenizer's
+
+
+@pytest.mark.parametrize("places", [{"position_coupling": True}, {"index_hints": True},
+                                    {"reversed_operands": True}])
+def test_a_run_marking_places_trains_and_scores_every_size(tmp_path, tiny_config, places):
+    cfg = {**tiny_config(tmp_path / "run", model={"pos": "rope", "vocab_size": 257}, max_steps=3,
+                         eval_interval=3, ckpt_interval=0),
+           "task": {"name": "addition", "train_length": 3, **places}}
+    report = run_task_eval(TaskEvalConfig(ckpt=str(train(cfg)), factors=[1.0, 4.0], per_bin=8, plot=False))
+    assert all(b["exact"] is not None for b in report["results"])
+    assert report["task"] == {**report["task"], **places}
