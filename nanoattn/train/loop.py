@@ -56,15 +56,8 @@ from nanoattn.checkpoint import (
     save_checkpoint,
 )
 from nanoattn.config import RunConfig
-from nanoattn.data import (
-    RandomPositions,
-    TaskData,
-    TokenData,
-    bits_per_byte,
-    digit_ids,
-    load_tokenizer,
-    open_prepared,
-)
+from nanoattn.data import TaskData, TokenData, bits_per_byte, digit_ids, load_tokenizer, open_prepared
+from nanoattn.data.random_positions import RandomPositions
 from nanoattn.eval.passkey import PasskeyMix
 from nanoattn.logging import make_logger, note, truncate_metrics
 from nanoattn.model import GPT
@@ -146,8 +139,7 @@ class _Run:
         return data
 
     def _fit_vocab(self, data: TokenData) -> None:
-        """model.vocab_size follows the tokenizer: raised to it, or kept when larger (padding); so do
-        model.abacus_digits, the ids of its digits, unless the model (a checkpoint's) has them."""
+        """model.vocab_size and abacus_digits follow the tokenizer: vocab raised to it or kept when larger."""
         given, need = self.cfg.model.vocab_size, data.vocab_size
         if self.t.init_from is not None:
             if given < need:
