@@ -22,7 +22,9 @@
   Hydra creates it, and ``${encoding:...}`` names a run after its encoding: the ``pos`` option
   chosen, else the model preset's own (never ``None``).
 - A sweep (``-m``) runs every job: a job's failure is printed when it happens and again, with
-  every other, when the sweep ends, and the script then exits with status 1.
+  every other, when the sweep ends, and the script then exits with status 1. A job that would not
+  compose (an unknown option, a refused run directory) is refused with its values before any job
+  runs: Hydra's launcher composes each job just before it, and its error would end the sweep there.
 - ``check_choices``: a training command's ``recipe=`` given with an ``experiment=`` is applied whole
   or refused in one line before the run starts, never silently overridden by the experiment's keys.
 """
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import os
 import sys
 import traceback
@@ -39,11 +42,14 @@ from pathlib import Path
 from typing import Any
 
 import hydra
+from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
+from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import (
     ConfigAttributeError,
     ConfigKeyError,
@@ -271,6 +277,47 @@ class Sweep:
             sys.exit(f"error: {len(self.failed)} of {self.jobs} jobs of the sweep failed (listed above)")
 
 
+def sweep_jobs(arguments: list[str]) -> list[list[str]]:
+    """The override lists of a sweep's jobs (every combination of the swept values, as Hydra's basic
+    sweeper makes them), or [] for a command without ``-m``."""
+    if not {"-m", "--multirun"} & set(arguments):
+        return []
+    given = ["+" + a if a.startswith(OPEN_MAPPINGS) else a for a in arguments if not a.startswith("-")]
+    parsed = OverridesParser.create().parse_overrides(given)
+    values = [[f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()] if o.is_sweep_override()
+              else [written] for o, written in zip(parsed, given, strict=True)]
+    return [list(job) for job in itertools.product(*values)]
+
+
+def check_sweep_composes(name: str, arguments: list[str]) -> None:
+    """Compose every job of a sweep, with its run directory and its choices' checks, before any runs:
+    a ValueError naming the first job that would not, and its values."""
+    jobs = sweep_jobs(arguments)
+    if not jobs:
+        return
+    swept = [i for i, values in enumerate(zip(*jobs, strict=True)) if len(set(values)) > 1]
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=CONFIG_PATH, version_base="1.3"):
+            for number, job in enumerate(jobs):
+                try:
+                    cfg = compose(config_name=name, overrides=job, return_hydra_config=True)
+                    with open_dict(cfg):  # as the launcher numbers its jobs
+                        cfg.hydra.job.num = cfg.hydra.job.id = number
+                    HydraConfig.instance().set_config(cfg)
+                    str(cfg.hydra.sweep.dir), str(cfg.hydra.sweep.subdir)  # the run_dir resolver's checks
+                    check_choices(cfg.hydra)
+                except Exception as e:
+                    message = user_error(e)
+                    if message is None:
+                        raise
+                    values = " ".join(job[i] for i in swept)
+                    raise ValueError(f"job {number} ({values}) of the sweep: {message}; no job was run"
+                                     ) from e
+    finally:
+        GlobalHydra.instance().clear()
+
+
 def training_command(name: str, schema: dict[str, Any], run: Callable[[dict[str, Any]], Any],
                      errors: tuple[type[BaseException], ...]) -> Callable[[], None]:
     """The whole script of a training entry point (train, extend_context) for ``configs/<name>.yaml``.
@@ -300,6 +347,8 @@ def training_command(name: str, schema: dict[str, Any], run: Callable[[dict[str,
                 hydra_dir.rmdir()
 
     def script() -> None:
+        with one_line_errors(errors):
+            check_sweep_composes(name, sys.argv[1:])
         guarded(main, errors)
         sweep.report()
 

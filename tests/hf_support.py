@@ -1,11 +1,23 @@
-"""Shared by the transformers interop tests (test_hf.py, test_hf_families.py): random models with
-every weight moved off its initial value, so a mapping error cannot hide behind zeros or ones."""
+"""Shared by the transformers interop tests (test_hf.py, test_hf_families.py) and the reference
+checks (reference_checks.py): random models with every weight moved off its initial value, so a
+mapping error cannot hide behind zeros or ones, and transformers' model loaded from an export."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
+from transformers import AutoModelForCausalLM
 
 from nanoattn import GPT, ModelConfig
+
+VOCAB = 97
+ORIGINAL = 32  # RoPE models' training context
+LONG = 80  # the evaluation length: 2.5x past it
+BASE = dict(vocab_size=VOCAB, d_model=64, n_layer=4, n_head=4, n_kv_head=2, d_ff=96, max_seq_len=ORIGINAL,
+            norm="rmsnorm", mlp="swiglu")
+GPT2 = dict(vocab_size=VOCAB, d_model=64, n_layer=2, n_head=4, max_seq_len=LONG, pos="learned",
+            norm="layernorm", mlp="gelu", bias=True)
 
 
 def perturb_(module: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
@@ -20,3 +32,18 @@ def perturb_(module: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
 def model(**fields) -> GPT:
     torch.manual_seed(0)
     return perturb_(GPT(ModelConfig(**fields)))
+
+
+def tokens(length: int = LONG, batch: int = 2) -> torch.Tensor:
+    return torch.randint(0, VOCAB, (batch, length), generator=torch.Generator().manual_seed(1))
+
+
+def load_transformers(path: Path, attn_implementation: str = "eager", **overrides):
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
+                                                attn_implementation=attn_implementation, **overrides).eval()
+
+
+def logits_diff(ours: GPT, theirs, length: int = LONG) -> float:
+    idx = tokens(length)
+    with torch.no_grad():
+        return (ours(idx) - theirs(idx).logits).abs().max().item()

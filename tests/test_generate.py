@@ -17,7 +17,7 @@ from transformers.generation.logits_process import (
     TopKLogitsWarper,
     TopPLogitsWarper,
 )
-from variants import NO_BIAS, ONLY_ROPE, VARIANTS
+from variants import NO_BIAS, ONLY_ROPE, VARIANTS, alternatives, stages
 
 from nanoattn import GPT, KVCache, ModelConfig, generate
 from nanoattn.generate import (
@@ -42,16 +42,21 @@ PROMPT = 5
 PENALTY = 3.0  # enough that greedy decoding of a random model does not repeat one token
 
 
-def tiny(pos: str = "rope", n_kv_head: int = 2, rope_scaling=None, vocab_size: int = 64,
-         **variant) -> GPT:
-    """A 2-layer model; pos "a,b" is the per-layer layout [a, b] (temperature from position 7 on);
-    ``variant``: further ModelConfig fields (attention variants)."""
-    torch.manual_seed(0)
+def tiny_config(pos: str = "rope", n_kv_head: int = 2, rope_scaling=None, vocab_size: int = 64,
+                **variant) -> ModelConfig:
+    """A 2-layer model's config; pos "a,b" is the per-layer layout [a, b] (temperature from position 7
+    on); ``variant``: further ModelConfig fields (attention variants)."""
     layout = dict(pos=pos.split(","), temperature_floor_scale=8) if "," in pos else dict(pos=pos)
     fields = dict(vocab_size=vocab_size, d_model=32, n_layer=2, n_head=4, n_kv_head=n_kv_head, d_ff=64,
                   max_seq_len=MAX_SEQ_LEN, rope_scaling=rope_scaling, init_std=0.1, **layout)
-    cfg = ModelConfig(**{**fields, **variant})
-    model = GPT(cfg).eval()
+    return ModelConfig(**{**fields, **variant})
+
+
+def tiny(pos: str = "rope", n_kv_head: int = 2, rope_scaling=None, vocab_size: int = 64,
+         **variant) -> GPT:
+    """The model of ``tiny_config``, seeded, with what starts neutral moved off it."""
+    torch.manual_seed(0)
+    model = GPT(tiny_config(pos, n_kv_head, rope_scaling, vocab_size, **variant)).eval()
     with torch.no_grad():  # what starts neutral (learned table, sinusoid amplitude, norm gains) must act
         for p in [*model.pos.parameters(), *(p for name, p in model.named_parameters()
                                              if "qk_norm" in name or "sinks" in name)]:
@@ -107,32 +112,85 @@ def test_cached_decoding_equals_recomputation(pos, layout):
 @pytest.mark.parametrize("pos", ["rope", "alibi", "xpos", "rope,nope"])
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_cached_decoding_with_attention_variants(variant, pos):
+    # Each variant with each encoding: a variant's own pos (FoX, stick-breaking: nope) gives way.
+    fields = {key: value for key, value in VARIANTS[variant].items() if key != "pos"}
     if variant in NO_BIAS and any(REGISTRY[name].adds_bias for name in pos.split(",")):
         with pytest.raises(ValueError, match="model.diff_attn=True is invalid: needs encodings without an "
                                              f"attention bias .*; pos='{pos}' adds {pos}$"):
-            tiny(pos, **VARIANTS[variant])
+            tiny(pos, **fields)
         return
     if variant in ONLY_ROPE and pos != "rope":
         with pytest.raises(ValueError, match="model.pos=.* is invalid: must be 'rope' with mla_kv_rank"):
-            tiny(pos, **VARIANTS[variant])
+            tiny(pos, **fields)
         return
-    check_cached_decoding(tiny(pos, **VARIANTS[variant]))
+    check_cached_decoding(tiny(pos, **fields))
 
 
-# The pairs ModelConfig refuses (latent attention fixes its own queries, keys and values; a sink per
-# differential map is undefined); every other pair of variants works together.
+@pytest.mark.parametrize("layout", ["mha", "mqa"])
+@pytest.mark.parametrize("variant", ["fox", "stick_breaking", "sigmoid"])
+def test_cached_decoding_of_the_score_variants_with_each_layout(variant, layout):
+    """The forget gates' cache and the score functions past the training length with one K/V head
+    per query head and with one for all (the tests above run GQA)."""
+    fields = dict(VARIANTS[variant])
+    check_cached_decoding(tiny(fields.pop("pos", "rope"), LAYOUTS[layout], **fields))
+
+
+@pytest.mark.parametrize("fields", [dict(forget_gate=True), dict(attn_fn="stick_breaking"),
+                                    dict(attn_fn="sigmoid")], ids=["fox", "stick_breaking", "sigmoid"])
+def test_cached_decoding_of_the_score_variants_with_latent_attention(fields):
+    """Latent attention shares the score functions and the gates (its rows need RoPE, the pair test
+    takes FoX and stick-breaking with their rows' NoPE)."""
+    check_cached_decoding(tiny("rope", **VARIANTS["mla"], **fields))
+
+
+# The pairs ModelConfig refuses (latent attention fixes its own queries, keys and values and needs
+# RoPE, where FoX and stick-breaking rows take NoPE; a sink per differential map is undefined; a sink
+# is a softmax column, and differential attention subtracts softmax maps); every other pair of
+# variants works together.
 REFUSED_PAIRS = {("qk_norm", "mla"), ("qk_norm_after", "mla"), ("sinks", "diff"), ("diff", "mla"),
-                 ("mla", "value_embeds")}
+                 ("mla", "value_embeds"), ("sinks", "stick_breaking"), ("sinks", "sigmoid"), ("diff", "fox"),
+                 ("diff", "stick_breaking"), ("diff", "sigmoid"), ("mla", "fox"), ("mla", "stick_breaking"),
+                 ("diff", "xsa")}
+# Every pair of variants, less two values of one field (window and local_global...), which are one choice.
+PAIRS = [pair for pair in itertools.combinations(VARIANTS, 2) if not alternatives(*pair)]
+INTERACTING = [(first, second) for first, second in PAIRS if stages(first) & stages(second)]
 
 
-@pytest.mark.parametrize(("first", "second"), list(itertools.combinations(VARIANTS, 2)))
-def test_every_pair_of_variants_decodes_exactly_or_is_refused_in_one_line(first, second):
+def pair_fields(first: str, second: str) -> tuple[str, dict]:
+    """(the pair's encoding: a variant's own (FoX, stick-breaking: NoPE), else RoPE; its other fields)."""
     fields = {**VARIANTS[first], **VARIANTS[second]}
+    return fields.pop("pos", "rope"), fields
+
+
+def test_the_refused_pairs_are_pairs():
+    assert REFUSED_PAIRS <= set(PAIRS), REFUSED_PAIRS - set(PAIRS)
+
+
+@pytest.mark.parametrize(("first", "second"), PAIRS)
+def test_every_pair_of_variants_builds_or_is_refused_in_one_line(first, second):
+    """Exhaustive, as it builds only the config: a pair is refused exactly when REFUSED_PAIRS lists it."""
+    pos, fields = pair_fields(first, second)
     if (first, second) in REFUSED_PAIRS:
         with pytest.raises(ValueError, match="^model\\.[a-z_]+=.* is invalid: [^\n]*$"):
-            tiny("rope", **fields)
-        return
-    check_cached_decoding(tiny("rope", **fields))
+            tiny_config(pos, **fields)
+    else:
+        tiny_config(pos, **fields)
+
+
+@pytest.mark.parametrize(("first", "second"), [pair for pair in INTERACTING if pair not in REFUSED_PAIRS])
+def test_each_pair_of_variants_acting_on_one_stage_decodes_exactly(first, second):
+    """Cached decoding of two variants together, for each pair that acts on a common stage
+    (tests/variants.py's STAGES: the block's input, the queries, keys and values, the scores and their
+    weights, the heads' outputs, the cache's own state). That covers the interactions cached decoding
+    can get wrong: each variant alone decodes exactly (with four encodings, and the score variants with
+    each layout: the tests above), and two variants on disjoint stages compose as functions, each exact
+    given an exact input and owning no state the other advances, so the pair is exact too. Two on one
+    stage (a window and a decay over the same scores, a gate and the exclusion on the same outputs,
+    canon and token shift on the input, two states the cache advances together) can disagree in an
+    order, an index or a slot, and each such pair is decoded. A new variant's field not placed in STAGES
+    acts on every stage, so it is paired with every other until placed."""
+    pos, fields = pair_fields(first, second)
+    check_cached_decoding(tiny(pos, **fields))
 
 
 @pytest.mark.parametrize("kind", SCALINGS)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from hf_support import model, perturb_
+from hf_support import GPT2, LONG, ORIGINAL, VOCAB, model, perturb_, tokens
 from safetensors.torch import load_file, save_file
 from transformers import (
     AutoModelForCausalLM,
@@ -37,13 +37,8 @@ from nanoattn.hf import export_hf, import_hf, load_hf_tokenizer
 from nanoattn.positional.rope_scaling import rope_frequencies
 
 ROOT = Path(__file__).resolve().parents[1]
-VOCAB = 97
-ORIGINAL = 32  # RoPE models' training context
-LONG = 80  # the evaluation length: 2.5x past it
 LLAMA = dict(vocab_size=VOCAB, d_model=64, n_layer=2, n_head=4, n_kv_head=2, d_ff=96, max_seq_len=ORIGINAL,
              pos="rope", norm="rmsnorm", mlp="swiglu")
-GPT2 = dict(vocab_size=VOCAB, d_model=64, n_layer=2, n_head=4, max_seq_len=LONG, pos="learned",
-            norm="layernorm", mlp="gelu", bias=True)
 # Every scaling type with its transformers rope_type; ntk has none and exports as a plain base change.
 SCALINGS = {
     "linear": ({"type": "linear", "factor": 2.5}, "linear"),
@@ -55,10 +50,6 @@ SCALINGS = {
     "yarn-mscale": ({"type": "yarn", "factor": 8.0, "mscale": 1.0, "mscale_all_dim": 0.5}, "yarn"),
     "llama3": ({"type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}, "llama3"),
 }
-
-
-def tokens(length: int = LONG, batch: int = 2) -> torch.Tensor:
-    return torch.randint(0, VOCAB, (batch, length), generator=torch.Generator().manual_seed(1))
 
 
 def load_transformers(path: Path):
@@ -267,7 +258,7 @@ def edited(exported: dict[str, Path], name: str, tmp_path: Path, **changes) -> P
 
 
 @pytest.mark.parametrize("name, changes, message", [
-    ("llama", dict(model_type="bert"), "model_type='bert' is not supported; import reads 'llama'"),
+    ("llama", dict(model_type="bert"), "model_type='bert' is not supported; import reads .*'llama'"),
     ("llama", dict(architectures=["LlamaForSequenceClassification"]), "needs LlamaForCausalLM"),
     ("llama", dict(attention_bias=True), "attention_bias=True with mlp_bias=False is not supported"),
     ("llama", dict(hidden_act="gelu"), "hidden_act='gelu' is not supported"),

@@ -1,5 +1,5 @@
 """Export to / import from transformers' Llama 4 (RoPE/NoPE layouts), Phi-3 (partial RoPE, LongRoPE)
-Qwen 3 (QK-norm before RoPE) and Ministral (sliding windows).
+Qwen 3 (QK-norm before RoPE), Qwen3-Next (output gates) and Ministral (sliding windows).
 
 References, as in test_hf.py: transformers' own models loaded from the exported folder (logits
 past the original context, eager attention, greedy ``generate``), models that transformers
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from hf_support import model, perturb_
+from hf_support import BASE, LONG, ORIGINAL, VOCAB, load_transformers, logits_diff, model, perturb_, tokens
 from transformers import (
     AutoModelForCausalLM,
     Llama4ForCausalLM,
@@ -28,6 +28,8 @@ from transformers import (
     Phi3ForCausalLM,
     Qwen3Config,
     Qwen3ForCausalLM,
+    Qwen3NextConfig,
+    Qwen3NextForCausalLM,
 )
 from variants import VARIANTS
 
@@ -35,12 +37,7 @@ from nanoattn import GPT, ModelConfig, generate
 from nanoattn.hf import export_hf, import_hf
 from nanoattn.positional import REGISTRY
 
-VOCAB = 97
-ORIGINAL = 32  # RoPE models' training context
-LONG = 80  # the evaluation length: 2.5x past it
 ATOL = 1e-5
-BASE = dict(vocab_size=VOCAB, d_model=64, n_layer=4, n_head=4, n_kv_head=2, d_ff=96, max_seq_len=ORIGINAL,
-            norm="rmsnorm", mlp="swiglu")
 # Llama 4's iRoPE with its query temperature acting from position 7 on (x2.2 at position 79).
 IROPE = dict(BASE, pos=["rope", "rope", "rope", "nope"], temperature_floor_scale=8,
              temperature_attn_scale=0.5)
@@ -52,21 +49,6 @@ def longrope(fraction: float = 1.0, **extra) -> dict:
     pairs = PAIRS[fraction]
     return {"type": "longrope", "factor": 4.0, "short_factor": [1.0 + 0.1 * i for i in range(pairs)],
             "long_factor": [1.0 + 3.0 * i / (pairs - 1) for i in range(pairs)], **extra}
-
-
-def tokens(length: int = LONG, batch: int = 2) -> torch.Tensor:
-    return torch.randint(0, VOCAB, (batch, length), generator=torch.Generator().manual_seed(1))
-
-
-def load_transformers(path: Path, attn_implementation: str = "eager", **overrides):
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
-                                                attn_implementation=attn_implementation, **overrides).eval()
-
-
-def logits_diff(ours: GPT, theirs, length: int = LONG) -> float:
-    idx = tokens(length)
-    with torch.no_grad():
-        return (ours(idx) - theirs(idx).logits).abs().max().item()
 
 
 def assert_same_weights(a: GPT, b: GPT) -> None:
@@ -297,6 +279,55 @@ def test_qwen3_round_trip_and_a_model_transformers_created(tmp_path):
     assert logits_diff(imported, load_transformers(tmp_path / "theirs")) < ATOL
 
 
+# ----------------------------------------------------------------------------- Qwen3-Next
+
+QWEN3_NEXT = dict(QWEN3, attn_gate="elementwise")
+
+
+@pytest.mark.parametrize("fields", [dict(n_kv_head=4, tie_embeddings=True), dict(n_kv_head=2),
+                                    dict(n_kv_head=1, rope_fraction=0.25)], ids=["mha", "gqa", "mqa-partial"])
+def test_qwen3_next_export_of_the_output_gate_logits_equal_transformers(tmp_path, fields):
+    ours = model(**{**QWEN3_NEXT, **fields})
+    path = export_hf(ours, tmp_path / "hf")
+    theirs = load_transformers(path)
+    assert isinstance(theirs, Qwen3NextForCausalLM)
+    assert theirs.config.layer_types == ["full_attention"] * 4 and theirs.config.num_experts == 0
+    assert logits_diff(ours, theirs) < ATOL
+    # The gate's rows travel inside q_proj: with them zeroed (every gate 0.5) transformers differs.
+    ungated = load_transformers(path)
+    with torch.no_grad():
+        for layer in ungated.model.layers:
+            layer.self_attn.q_proj.weight.view(4, 2, 16, 64)[:, 1] = 0
+    assert logits_diff(ours, ungated) > 1e-3
+
+
+def test_qwen3_next_with_yarn_and_greedy_generation_equal_transformers(tmp_path):
+    ours = model(**QWEN3_NEXT, rope_scaling={"type": "yarn", "factor": 4.0})
+    path = export_hf(ours, tmp_path / "hf")
+    assert logits_diff(ours, load_transformers(path)) < ATOL
+    theirs = load_transformers(path, attn_implementation="sdpa")
+    idx, n = tokens(16), LONG - 16
+    expected = theirs.generate(idx, attention_mask=torch.ones_like(idx), max_new_tokens=n, min_new_tokens=n,
+                               do_sample=False)
+    assert torch.equal(generate(ours, idx, n, temperature=0), expected)
+
+
+def test_qwen3_next_round_trip_and_a_model_transformers_created(tmp_path):
+    ours = model(**QWEN3_NEXT, tie_embeddings=False, norm_eps=1e-6)
+    back = import_hf(export_hf(ours, tmp_path / "ours"))
+    assert back.cfg == ours.cfg
+    assert_same_weights(back, ours)  # the gains' offset of 1 is exact for gains in [0.5, 2]
+    config = Qwen3NextConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                             num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=0,
+                             layer_types=["full_attention"] * 2, max_position_embeddings=ORIGINAL,
+                             bos_token_id=0, eos_token_id=0)
+    torch.manual_seed(0)
+    perturb_(Qwen3NextForCausalLM(config)).save_pretrained(tmp_path / "theirs")
+    imported = import_hf(tmp_path / "theirs")
+    assert imported.cfg.attn_gate == "elementwise" and imported.cfg.rope_fraction == 0.25  # its default
+    assert logits_diff(imported, load_transformers(tmp_path / "theirs")) < ATOL
+
+
 # ----------------------------------------------------------------------------- Ministral
 
 WINDOW = 6  # far inside the 80-token test length
@@ -443,6 +474,20 @@ def test_every_attention_variant_exports_exactly_or_is_refused(tmp_path, variant
     (dict(BASE, sliding_window=8, attn_sinks=True),
      "model.attn_sinks=True has no counterpart in transformers' Ministral"),
     (dict(IROPE, sliding_window=8), "model.sliding_window=8 has no counterpart in transformers' Llama 4"),
+    (dict(QWEN3, attn_gate="headwise"),
+     "model.attn_gate='headwise' has no counterpart in transformers' Qwen3-Next format .*needs "
+     "attn_gate='elementwise'"),
+    (dict(BASE, attn_gate="elementwise"),
+     "model.qk_norm='none' has no counterpart in transformers' Qwen3-Next format"),
+    (dict(QWEN3_NEXT, ssmax=True), "model.ssmax=True has no counterpart in transformers' Qwen3-Next"),
+    (dict(QWEN3, canon=4), "model.canon=4 has no counterpart in transformers' Qwen 3"),
+    (dict(BASE, xsa=True), "model.xsa=True has no counterpart in transformers' Llama"),
+    (dict(BASE, attn_fn="sigmoid"),
+     "model.attn_fn='sigmoid' has no counterpart in transformers' Llama format .*needs attn_fn='softmax'"),
+    (dict(QWEN3, attn_fn="stick_breaking"),
+     "model.attn_fn='stick_breaking' has no counterpart in transformers' Qwen 3 format"),
+    (dict(BASE, forget_gate=True),
+     "model.forget_gate=True has no counterpart in transformers' Llama format .*needs forget_gate=False"),
 ])
 def test_export_refuses_fields_without_a_counterpart(tmp_path, fields, message):
     assert re.match(message, refused(tmp_path, fields))
@@ -453,7 +498,8 @@ def exported(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("exported")
     return {name: export_hf(model(**fields), root / name) for name, fields in
             [("llama4", IROPE), ("phi3", dict(BASE, rope_fraction=0.5, rope_scaling=longrope(0.5))),
-             ("qwen3", QWEN3), ("ministral", dict(BASE, sliding_window=[WINDOW, None]))]}
+             ("qwen3", QWEN3), ("qwen3_next", QWEN3_NEXT),
+             ("ministral", dict(BASE, sliding_window=[WINDOW, None]))]}
 
 
 def edited(exported: dict[str, Path], name: str, tmp_path: Path, drop: tuple[str, ...] = (),
@@ -480,6 +526,14 @@ def edited(exported: dict[str, Path], name: str, tmp_path: Path, drop: tuple[str
     ("phi3", (), dict(resid_pdrop=0.1), "differ: nanoattn has one dropout rate"),
     ("qwen3", (), dict(use_sliding_window=True), "use_sliding_window=True is not supported"),
     ("qwen3", (), dict(attention_bias=True), "attention_bias=True is not supported: Qwen 3's MLP"),
+    ("qwen3_next", (), dict(layer_types=["linear_attention", "full_attention"] * 2),
+     "layer_types=.* is not supported: nanoattn computes only Qwen3-Next's full_attention layers"),
+    ("qwen3_next", ("layer_types",), {}, "layer_types=None is not supported"),
+    ("qwen3_next", ("num_experts", "mlp_only_layers"), {},
+     r"layers \[0, 1, 2, 3\] are mixtures of experts \(num_experts=512\)"),
+    ("qwen3_next", (), dict(num_experts=8, mlp_only_layers=[0, 2], decoder_sparse_step=1),
+     r"layers \[1, 3\] are mixtures of experts"),
+    ("qwen3_next", (), dict(attention_bias=True), "attention_bias=True is not supported: Qwen3-Next's MLP"),
     ("ministral", (), dict(layer_types=["sliding_attention", "chunked_attention"] * 2),
      "layer_types=.* is invalid: must give 'sliding_attention' or 'full_attention'"),
     ("ministral", (), dict(sliding_window=0), "sliding_window=0 is invalid: sliding layers need a positive"),

@@ -4,7 +4,8 @@ Read from ``nanoattn.config.options.ATTENTION_VARIANTS``, so a new variant is te
 here. The tests' models are smaller than the labs' (2 layers, 16 to 40 tokens, random weights), so
 the variants whose values are sized for the labs take values that act at this size: a window
 shorter than the input, caps where tanh is far from linear on random scores and logits, latent
-ranks below d_model, one value table for two layers.
+ranks below d_model, one value table for two layers. ``STAGES`` says where each field a variant
+sets acts, so that the pair test of cached decoding decodes the pairs acting on a common stage.
 """
 
 from nanoattn.config.options import ATTENTION_VARIANTS
@@ -27,3 +28,44 @@ VARIANTS = {name: at_test_size(name) for name in ATTENTION_VARIANTS if name != "
 # Variants defined only for encodings without an attention bias, or only for RoPE: refused otherwise.
 NO_BIAS = {"diff"}
 ONLY_ROPE = {"mla"}
+
+# Where each ModelConfig field a variant sets acts, for the pair test of cached decoding
+# (test_generate.py): the block's input before the projections, the queries, keys and values, the
+# scores and what turns them into weights, the heads' outputs before W_O, the state the KV cache
+# keeps beside keys and values or how it advances, and the model's output logits.
+INPUT, QKV, SCORES, OUTPUT, CACHE, LOGITS = "input", "qkv", "scores", "output", "cache", "logits"
+STAGES: dict[str, frozenset[str]] = {
+    "qk_norm": frozenset({QKV}),
+    "attn_softcap": frozenset({SCORES}),
+    "logit_softcap": frozenset({LOGITS}),
+    "attn_sinks": frozenset({SCORES}),
+    "sliding_window": frozenset({SCORES, CACHE}),  # a mask, and a rolling buffer
+    "diff_attn": frozenset({QKV, SCORES, OUTPUT}),  # heads paired, two maps subtracted, each pair normed
+    "mla_kv_rank": frozenset({QKV, CACHE}),  # keys and values from a latent, which the cache holds
+    "mla_q_rank": frozenset({QKV}),
+    "mla_rope_dim": frozenset({QKV, CACHE}),
+    "n_kv_head": frozenset({QKV, CACHE}),
+    "value_embeds": frozenset({QKV}),
+    "token_shift": frozenset({INPUT, CACHE}),  # the cache keeps the last embedding
+    "attn_gate": frozenset({OUTPUT}),
+    "ssmax": frozenset({SCORES}),
+    "xsa": frozenset({OUTPUT, QKV}),  # reads each token's own value
+    "canon": frozenset({INPUT, CACHE}),  # the cache keeps each layer's latest inputs
+    "forget_gate": frozenset({SCORES, CACHE}),  # a decay of the scores, log gates in the cache
+    "attn_fn": frozenset({SCORES}),
+    "pos": frozenset(),  # an encoding: every variant is decoded with each of several (test_generate.py)
+}
+EVERY_STAGE = frozenset({INPUT, QKV, SCORES, OUTPUT, CACHE, LOGITS})
+
+
+def stages(name: str) -> frozenset[str]:
+    """Where variant ``name`` acts: its fields' stages. A field not in STAGES acts everywhere, so a
+    new variant is paired with every other until its field is placed."""
+    return frozenset().union(*(STAGES.get(field, EVERY_STAGE) for field in VARIANTS[name]))
+
+
+def alternatives(first: str, second: str) -> bool:
+    """Whether two variants set one field to different values (window and local_global, the two
+    QK-norms, two score functions): two choices of one setting, never a pair."""
+    a, b = VARIANTS[first], VARIANTS[second]
+    return any(a[field] != b[field] for field in a.keys() & b.keys())

@@ -20,7 +20,8 @@ from nanoattn.config import ModelConfig
 # What BareGPT implements; any other value of these fields is refused.
 PLAIN = {"pos": "rope", "norm": "rmsnorm", "mlp": "swiglu", "bias": False, "rope_fraction": 1.0,
          "rope_scaling": None, "qk_norm": "none", "sliding_window": None, "attn_sinks": False,
-         "diff_attn": False, "mla_kv_rank": None, "attn_softcap": None, "logit_softcap": None, "dropout": 0.0}
+         "diff_attn": False, "mla_kv_rank": None, "attn_softcap": None, "logit_softcap": None, "dropout": 0.0,
+         "attn_gate": "none", "ssmax": False, "xsa": False, "canon": 0}
 
 
 class BareBlock(nn.Module):

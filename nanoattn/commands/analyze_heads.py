@@ -34,6 +34,7 @@ from nanoattn.eval.heads import (
     heads_table,
     pruning_curve,
     pruning_table,
+    variant_statistics,
 )
 from nanoattn.eval.plots import (
     plot_attention_grid,
@@ -157,6 +158,7 @@ def analyze_heads(cfg: HeadAnalysisConfig) -> dict[str, Any]:
           f"{len(batches) * cfg.batch_size} validation windows of {seq_len} tokens from {data.data_dir}")
 
     heads = head_statistics(model, batches, delimiter_ids(data.tokenizer))
+    variants = variant_statistics(model, batches)
     importance = IMPORTANCE[cfg.importance](model, batches)
     for record in heads:
         record["importance"] = float(importance[record["layer"], record["head"]])
@@ -180,10 +182,13 @@ def analyze_heads(cfg: HeadAnalysisConfig) -> dict[str, Any]:
         "thresholds": {"first_query": FIRST_QUERY, "positional_mass": POSITIONAL_MASS,
                        "delimiter_mass": DELIMITER_MASS, "local_max_offset": LOCAL_MAX_OFFSET,
                        "broad_min_entropy": BROAD_MIN_ENTROPY},
-        "heads": heads, "pruning": curve,
+        "heads": heads, "pruning": curve, "variants": variants,
     }
     write_report(out_dir / "heads.json", report)
     print(heads_table(heads), end="")
     print(pruning_table(curve), end="")
+    for name, stats in variants.items():  # the summaries; the per-head lists are in heads.json
+        summary = ", ".join(f"{key} {value:.3f}" for key, value in stats.items() if isinstance(value, float))
+        print(f"{name}: {summary or 'per layer and head in heads.json'}")
     print(f"wrote {out_dir}/heads.json and plots")
     return report

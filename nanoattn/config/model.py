@@ -32,6 +32,8 @@ NORMS = ("layernorm", "rmsnorm")
 MLPS = ("gelu", "swiglu", "relu2")
 QK_NORMS = ("none", "before_rope", "after_rope")
 ATTN_KERNELS = ("auto", "sdpa")
+ATTN_GATES = ("none", "headwise", "elementwise")
+ATTN_FNS = ("softmax", "stick_breaking", "sigmoid")  # nanoattn.model.score_functions.SCORE_FUNCTIONS
 # Fields read only by the encodings that use them; checked here for their type whatever the model's
 # pos, and by the encoding's ``check_config`` for its own rules when the model uses it.
 ENCODING_INTS = ("t5_num_buckets", "t5_max_distance", "fire_mlp_width", "cope_npos_max")
@@ -75,6 +77,13 @@ class ModelConfig:
     # W - 1 tokens before it, as Mistral), or a list cycled over the layers ([64, 64, 64, null]).
     sliding_window: Any = None
     attn_sinks: bool = False  # gpt-oss: a learned logit per head that takes softmax mass and no value
+    # What turns scores into weights: softmax | stick_breaking (Tan et al. 2025: each earlier key takes
+    # sigma(s) of the stick the nearer keys left; no position needed) | sigmoid (Ramapuram et al. 2024:
+    # sigma(s - log max_seq_len) per key, unnormalised).
+    attn_fn: str = "softmax"
+    # FoX (Lin et al. 2025): per head a forget gate f_t = sigma(w.x_t + b) of each token; key j's score for
+    # query i gets sum_{t=j+1..i} log f_t. Needs no position (pos=nope is the paper's setting).
+    forget_gate: bool = False
     # Differential attention (Ye et al. 2024): query/key heads pair up, each pair's two softmax maps
     # are subtracted; n_head / 2 heads with values of 2 * head_dim. Needs even n_head and n_kv_head.
     diff_attn: bool = False
@@ -89,6 +98,16 @@ class ModelConfig:
     # Token shift (RWKV, modded-nanogpt's smear): each token's embedding plus a learned per-channel gate
     # (from 0) times its predecessor's, so the first layer sees the previous token without attention.
     token_shift: bool = False
+    # Gated attention (Qiu et al. 2025, G1; Qwen3-Next): sigmoid(x W_g) multiplies each head's output
+    # before W_O, one gate per head (headwise) or per channel (elementwise); x the attention's input.
+    attn_gate: str = "none"  # none | headwise | elementwise
+    # Scalable-Softmax (Nakanishi 2025): logits times s_h log n, n the keys a query sees, s_h learned.
+    ssmax: bool = False
+    # Exclusive self-attention (Zhai 2026): each output minus its projection on the token's own value.
+    xsa: bool = False
+    # Canon layers (Allen-Zhu 2025, Canon-A): 0 = off; else the width of a causal depthwise convolution,
+    # with a residual, of every attention block's normalised input (token shift: width 2, on the embeddings).
+    canon: int = 0
     # How attention is computed, the same function either way: auto (on CPU in bf16 with up to 512 keys,
     # two bf16 matmuls and a softmax, faster there; else SDPA) | sdpa (SDPA wherever it can compute it).
     attn_kernel: str = "auto"
@@ -115,14 +134,19 @@ class ModelConfig:
         self._check_pos()
         check_choice(own, "norm", self.norm, NORMS)
         check_choice(own, "qk_norm", self.qk_norm, QK_NORMS)
-        for name in ("attn_sinks", "token_shift", "bias", "tie_embeddings"):
+        for name in ("attn_sinks", "forget_gate", "token_shift", "bias", "tie_embeddings"):
             check_bool(own, name, getattr(self, name))
         check_choice(own, "attn_kernel", self.attn_kernel, ATTN_KERNELS)
+        check_choice(own, "attn_fn", self.attn_fn, ATTN_FNS)
+        if self.attn_sinks and self.attn_fn != "softmax":
+            fail(own, "attn_fn", self.attn_fn, "cannot be combined with attn_sinks=True: a sink is one more "
+                 "column of a softmax, and this function normalises nothing over the keys")
         self._check_diff_attn()
         self._check_mla()
         self._check_sliding_window()
         self._check_value_embeds()
         self._check_abacus()
+        self._check_output_variants()
         for name in ("attn_softcap", "logit_softcap"):
             value = getattr(self, name)
             if value is None:
@@ -183,6 +207,12 @@ class ModelConfig:
         if self.attn_sinks:
             fail("model", "attn_sinks", self.attn_sinks, "cannot be combined with diff_attn=True: a sink "
                  "would join each of the two maps a head subtracts, which neither paper describes")
+        if self.attn_fn != "softmax":
+            fail("model", "attn_fn", self.attn_fn, "cannot be combined with diff_attn=True: differential "
+                 "attention subtracts two softmax maps")
+        if self.forget_gate:
+            fail("model", "forget_gate", self.forget_gate, "cannot be combined with diff_attn=True: a gate "
+                 "per query head would decay the two maps a head subtracts, which neither paper describes")
         biased = [name for name in self.encodings if REGISTRY[name].adds_bias]
         if biased:
             fail("model", "diff_attn", self.diff_attn, f"needs encodings without an attention bias (the "
@@ -229,6 +259,17 @@ class ModelConfig:
             fail("model", "abacus_digits", digits, "must be null or the 10 distinct token ids of the digits "
                  f"0-9, each below vocab_size={self.vocab_size}")
         self.abacus_digits = list(digits)  # a plain list (Hydra hands a ListConfig), as config.json stores it
+    def _check_output_variants(self) -> None:
+        """The gate, Scalable-Softmax, exclusive self-attention and canon layers (``model/gates.py``)."""
+        check_choice("model", "attn_gate", self.attn_gate, ATTN_GATES)
+        for name in ("ssmax", "xsa"):
+            check_bool("model", name, getattr(self, name))
+        if not (is_int(self.canon) and self.canon != 1 and self.canon >= 0):
+            fail("model", "canon", self.canon, "must be 0 (off) or a convolution width of at least 2 (the "
+                 "token and width - 1 before it)")
+        if self.xsa and self.diff_attn:
+            fail("model", "xsa", self.xsa, "cannot be combined with diff_attn=True: a differential head is "
+                 "RMSNorm((A1 - lambda A2) V) over a pair of values, which neither paper excludes one from")
 
     @property
     def layer_value_embed(self) -> tuple[int | None, ...]:

@@ -66,6 +66,15 @@ ATTENTION_VARIANTS: dict[str, Fields] = {
     "mla": dict(mla_kv_rank=32, mla_rope_dim=16, n_kv_head=None),
     "value_embeds": dict(value_embeds=2),  # modded-nanogpt: token tables mixed into the values
     "token_shift": dict(token_shift=True),  # RWKV, modded-nanogpt's smear: a gated copy of the predecessor
+    "gate": dict(attn_gate="elementwise"),  # Qiu et al. 2025 (G1), Qwen3-Next: sigmoid gates on the heads
+    "ssmax": dict(ssmax=True),  # Nakanishi 2025: logits times a learned s_h log(keys seen)
+    "xsa": dict(xsa=True),  # Zhai 2026: each output minus its projection on the token's own value
+    "canon": dict(canon=4),  # Allen-Zhu 2025 (Canon-A): a width-4 causal depthwise convolution, residual
+    # FoX (Lin et al. 2025): a data-dependent forget gate decays the scores; NoPE, the paper's setting.
+    "fox": dict(forget_gate=True, pos="nope"),
+    # Tan et al. 2025: each earlier key takes sigma(s) of what the nearer keys left; NoPE, as the paper.
+    "stick_breaking": dict(attn_fn="stick_breaking", pos="nope"),
+    "sigmoid": dict(attn_fn="sigmoid"),  # Ramapuram et al. 2024: sigma(s - log n) per key, unnormalised
 }
 
 

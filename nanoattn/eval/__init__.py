@@ -18,6 +18,7 @@ from nanoattn.eval.heads import (
     mean_loss,
     prune_heads,
     pruning_curve,
+    variant_statistics,
 )
 from nanoattn.eval.length import (
     LengthResult,
@@ -34,7 +35,7 @@ from nanoattn.eval.runs import load_for_eval, run_data_dir
 from nanoattn.eval.tables import format_table, write_table
 
 __all__ = ["ablation_importance", "delimiter_ids", "gradient_importance", "head_statistics", "mean_loss",
-           "prune_heads", "pruning_curve",
+           "prune_heads", "pruning_curve", "variant_statistics",
            "LengthResult", "LengthSweep", "PeakMemory", "evaluate_lengths", "held_out_stream",
            "lengths_from_multiples", "score_length",
            "length_table", "load_report",

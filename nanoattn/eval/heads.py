@@ -22,6 +22,15 @@ Design choices:
   removal) and masks the k lowest, over all heads ("global") or the same number in every layer.
 - In GQA/MQA a mask removes one query head's output; the K/V head it shares keeps serving the
   other query heads of its group.
+- Variants with a statistic of their own get it from ``variant_statistics``, read off forward
+  hooks on the variant's pieces (``model/gates.py``) during the fast path or off its parameters:
+  the output gate's mean value per head and the share of heads it keeps near 0, Scalable-Softmax's
+  learned s and its factor at the windows' length, the share of each head's output that exclusive
+  self-attention removes, the canon taps by distance.
+- Score functions other than softmax (``attn_fn``) give weights that need not sum to 1:
+  ``weight_sum`` is sigmoid attention's row sum and ``sink_mass`` what no key got, stick-breaking's
+  stick left over. FoX's forget gates (``forget_gate``) are read off each gate's output during the
+  same pass (a forward hook): ``forget_span`` counts the keys the decay leaves above 1/e.
 - This module measures a model on batches; the figures are ``plots.py``, and loading a run,
   choosing its windows and writing heads.json is ``nanoattn.commands.analyze_heads``.
 """
@@ -30,7 +39,8 @@ from __future__ import annotations
 
 import operator
 import unicodedata
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -51,10 +61,14 @@ DELIMITER_MASS = 0.5
 LOCAL_MAX_OFFSET = 4.0
 # "broad": entropy / ln(keys the query sees) at least this; 1 is uniform over the whole prefix.
 BROAD_MIN_ENTROPY = 0.6
+# attn_gate: a head whose gate averages below this is counted as switched off (its output mostly 0).
+GATE_NEAR_ZERO = 0.1
 KINDS = ("first_token", "previous_token", "current_token", "delimiter", "local", "broad", "mixed")
 PRUNE_SCOPES = ("global", "layer")
 STATISTICS = ("entropy", "normalized_entropy", "mean_offset", "prev_token_mass", "first_token_mass",
-              "current_token_mass", "delimiter_mass", "sink_mass")
+              "current_token_mass", "delimiter_mass", "sink_mass", "weight_sum", "forget_span")
+# forget_span: a key still holds e^-1 of its weight at this decay, sum of log f from it to the query.
+SPAN_DECAY = -1.0
 
 Batch = tuple[torch.Tensor, torch.Tensor]  # (x, y), each int64 [B, T]
 
@@ -126,10 +140,12 @@ def _is_delimiter(text: str) -> bool:
     return bool(marks) and all(c == "\n" or unicodedata.category(c).startswith("P") for c in marks)
 
 
-def query_statistics(weights: torch.Tensor, is_delimiter: torch.Tensor) -> dict[str, torch.Tensor]:
+def query_statistics(weights: torch.Tensor, is_delimiter: torch.Tensor,
+                     forget_gates: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """Per-query statistics of one layer's weights [B, H, T, T] -> each [B, H, T - FIRST_QUERY].
 
-    ``is_delimiter`` [B, T] marks the delimiter keys. Entropy is in nats.
+    ``is_delimiter`` [B, T] marks the delimiter keys; ``forget_gates`` [B, H, T], the cumulative log
+    forget gates c of a FoX layer (None: no gates). Entropy is in nats.
     """
     T = weights.shape[-1]
     if T <= FIRST_QUERY:
@@ -141,6 +157,12 @@ def query_statistics(weights: torch.Tensor, is_delimiter: torch.Tensor) -> dict[
     positive = weights.clamp(min=0)
     entropy = -torch.special.xlogy(positive, positive).sum(-1)
     q = slice(FIRST_QUERY, None)
+    weight_sum = weights.sum(-1)
+    if forget_gates is None:  # no decay: every key the query sees
+        span = (i + 1.0).to(weights.dtype).expand(weight_sum.shape)
+    else:  # the keys j <= i with c_i - c_j >= SPAN_DECAY: a run of the latest, since log f <= 0
+        decay = forget_gates[..., :, None] - forget_gates[..., None, :]  # [B, H, T, T]
+        span = ((decay >= SPAN_DECAY) & (i[None, :] <= i[:, None])).sum(-1).to(weights.dtype)
     return {
         "entropy": entropy[..., q],
         "normalized_entropy": entropy[..., q] / torch.log(i[q] + 1.0),  # query i sees i + 1 keys
@@ -149,8 +171,14 @@ def query_statistics(weights: torch.Tensor, is_delimiter: torch.Tensor) -> dict[
         "first_token_mass": weights[..., q, 0],
         "current_token_mass": torch.diagonal(weights, dim1=-2, dim2=-1)[..., q],
         "delimiter_mass": (weights * is_delimiter[:, None, None, :]).sum(-1)[..., q],
-        # What a learned sink took (attn_sinks): the weights then sum to less than 1. 0 without sinks.
-        "sink_mass": (1 - weights.sum(-1)).clamp(min=0)[..., q],
+        # The mass no key got: what a learned sink took (attn_sinks) or the stick stick-breaking left
+        # (attn_fn=stick_breaking). 0 for softmax.
+        "sink_mass": (1 - weight_sum).clamp(min=0)[..., q],
+        # sum_j a_ij: 1 for softmax; sigmoid attention's (attn_fn=sigmoid) is bound by nothing but i + 1.
+        "weight_sum": weight_sum[..., q],
+        # FoX (forget_gate): how many of the latest keys, the query's own included, keep at least e^-1 of
+        # their weight through the gates; i + 1 without gates.
+        "forget_span": span[..., q],
     }
 
 
@@ -177,13 +205,15 @@ def head_statistics(model: GPT, batches: Sequence[Batch], delimiters: Iterable[i
     sums = torch.zeros(len(STATISTICS), cfg.n_layer, cfg.attention_heads, dtype=torch.float64)
     delimiter_set = torch.tensor(sorted(set(delimiters)), dtype=torch.int64)
     queries = 0
-    for x, _ in batches:
-        is_delimiter = torch.isin(x, delimiter_set.to(x.device))  # [B, T]
-        _, weights = model.attention_maps(x)
-        for layer, w in enumerate(weights):
-            stats = query_statistics(w, is_delimiter)
-            sums[:, layer] += torch.stack([stats[name].sum(dim=(0, 2)) for name in STATISTICS]).double().cpu()
-        queries += x.shape[0] * (x.shape[1] - FIRST_QUERY)
+    with recorded_forget_gates(model) as gates:
+        for x, _ in batches:
+            is_delimiter = torch.isin(x, delimiter_set.to(x.device))  # [B, T]
+            _, weights = model.attention_maps(x)
+            for layer, w in enumerate(weights):
+                stats = query_statistics(w, is_delimiter, gates.get(layer))
+                sums[:, layer] += torch.stack([stats[name].sum(dim=(0, 2))
+                                               for name in STATISTICS]).double().cpu()
+            queries += x.shape[0] * (x.shape[1] - FIRST_QUERY)
     means = sums / queries  # [n_stats, n_layer, n_head]
     group = cfg.n_head // cfg.n_kv_head  # query heads per K/V head; pairs per pair with diff_attn
     records = []
@@ -193,6 +223,88 @@ def head_statistics(model: GPT, batches: Sequence[Batch], delimiters: Iterable[i
             records.append({"layer": layer, "head": head, "kv_group": head // group,
                             "kind": classify_head(stats), **stats})
     return records
+
+
+@torch.no_grad()
+def variant_statistics(model: GPT, batches: Sequence[Batch]) -> dict[str, dict[str, Any]]:
+    """The own statistic of each variant the model uses, by name ({} for none); per head and layer
+    as lists [n_layer][heads], averaged like ``head_statistics`` over queries ``FIRST_QUERY``..
+
+    - ``attn_gate``: ``mean_gate`` (each head's gate averaged over its channels), its ``mean`` and
+      ``near_zero``, the fraction of heads whose mean gate is below ``GATE_NEAR_ZERO``;
+    - ``ssmax``: the learned ``s`` per query head and ``factor``, s log n at the windows' last query;
+    - ``xsa``: ``removed`` per query head, cos^2 between each output y_i and the token's value v_i:
+      the share of |y_i|^2 that the exclusion takes out; and its ``mean``;
+    - ``canon``: ``taps``, the mean |weight| per layer at distance 0 (the token), 1, ... back.
+    """
+    _check_batches(batches)
+    cfg, seq_len = model.cfg, batches[0][0].shape[1]
+    attentions = [block.attn for block in model.blocks]
+    sums = {"gate": torch.zeros(cfg.n_layer, cfg.attention_heads, dtype=torch.float64),
+            "removed": torch.zeros(cfg.n_layer, cfg.n_head, dtype=torch.float64)}
+    q = slice(FIRST_QUERY, None)
+
+    def gate_hook(layer: int):
+        def hook(module, args, logits):  # logits [B, T, heads or heads * Dv]
+            B, T, _ = logits.shape
+            gates = torch.sigmoid(logits.float()).view(B, T, cfg.attention_heads, -1).mean(-1)  # [B, T, H]
+            sums["gate"][layer] += gates[:, q].sum((0, 1)).double().cpu()
+        return hook
+
+    def removed_hook(layer: int):
+        def hook(module, args, out):
+            y, v = (t.float() for t in args)  # [B, H, T, Dv], [B, Hkv, T, Dv]
+            B, H, T, Dv = y.shape
+            grouped = y.reshape(B, v.shape[1], -1, T, Dv)
+            along = (grouped * torch.nn.functional.normalize(v, dim=-1)[:, :, None]).sum(-1)  # [B, Hkv, G, T]
+            share = (along.square() / grouped.square().sum(-1).clamp(min=1e-30)).reshape(B, H, T)
+            sums["removed"][layer] += share[..., q].sum((0, 2)).double().cpu()
+        return hook
+
+    hooks = []
+    for layer, attn in enumerate(attentions):
+        if attn.output_gate is not None:
+            hooks.append(attn.output_gate.proj.register_forward_hook(gate_hook(layer)))
+        if attn.exclude_self is not None:
+            hooks.append(attn.exclude_self.register_forward_hook(removed_hook(layer)))
+    queries = 0
+    try:
+        for x, _ in batches if hooks else ():
+            model.hidden_states(x)
+            queries += x.shape[0] * (x.shape[1] - FIRST_QUERY)
+    finally:
+        for handle in hooks:
+            handle.remove()
+    stats: dict[str, dict[str, Any]] = {}
+    if cfg.attn_gate != "none":
+        gate = sums["gate"] / queries
+        stats["attn_gate"] = {"mean_gate": gate.tolist(), "mean": float(gate.mean()),
+                              "near_zero": float((gate < GATE_NEAR_ZERO).double().mean())}
+    if cfg.ssmax:
+        last = torch.tensor([seq_len - 1], device=batches[0][0].device)
+        stats["ssmax"] = {"s": [attn.ssmax.s.tolist() for attn in attentions],
+                          "factor": [(attn.ssmax.s * attn.ssmax.keys_seen(last).float().log()).tolist()
+                                     for attn in attentions]}
+    if cfg.xsa:
+        removed = sums["removed"] / queries
+        stats["xsa"] = {"removed": removed.tolist(), "mean": float(removed.mean())}
+    if cfg.canon:
+        stats["canon"] = {"taps": [block.canon.weight.abs().mean(0).flip(0).tolist()
+                                   for block in model.blocks]}
+    return stats
+@contextmanager
+def recorded_forget_gates(model: GPT) -> Iterator[dict[int, torch.Tensor]]:
+    """Within it, each forward pass of ``model`` records the cumulative log forget gates [B, n_head, T]
+    of every FoX layer, by layer index, as the gate hands them to attention."""
+    gates: dict[int, torch.Tensor] = {}
+    handles = [block.attn.forget_gate.register_forward_hook(
+        lambda module, args, decay, layer=layer: gates.__setitem__(layer, decay.cumulative))
+        for layer, block in enumerate(model.blocks) if block.attn.forget_gate is not None]
+    try:
+        yield gates
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 # ---------------------------------------------------------------------------------------------------------

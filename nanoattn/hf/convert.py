@@ -33,7 +33,7 @@ _IGNORED_TENSORS = re.compile(r"(\.attn\.(masked_)?bias|rotary_emb\.inv_freq)$")
 
 
 def export_hf(model: GPT, out_dir: str | Path, tokenizer: Tokenizer | None = None) -> Path:
-    """Write ``model`` as a transformers folder: Llama, Phi-3, Llama 4 or GPT-2 (``formats.family_for``).
+    """Write ``model`` as a transformers folder in the format ``formats.family_for`` picks.
 
     ``tokenizer`` (a ``tokenizers.Tokenizer``) adds ``tokenizer.json`` and a minimal
     ``tokenizer_config.json`` so ``AutoTokenizer.from_pretrained(out_dir)`` works; its
@@ -61,7 +61,7 @@ def export_hf(model: GPT, out_dir: str | Path, tokenizer: Tokenizer | None = Non
     state = {key: value.detach().cpu() for key, value in model.state_dict().items()}
     tensors = {}
     for rule in family.rules(cfg):
-        tensor = state[rule.ours]
+        tensor = torch.cat([state[name] for name in (rule.ours, *rule.also)]) - rule.offset
         if rule.order is not None:  # their row i is our row order[i] (Llama 4's interleaved RoPE pairs)
             tensor = tensor[torch.tensor(rule.order)]
         pieces = tensor.split(list(rule.split), dim=0) if rule.split else (tensor,)  # row blocks of ours
@@ -139,8 +139,8 @@ def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
 
 
 def import_hf(path: str | Path, *, device: str | torch.device = "cpu") -> GPT:
-    """A nanoattn GPT (float32, eval mode) from a local transformers Llama, Llama 4 (text), Phi-3 or
-    GPT-2 folder."""
+    """A nanoattn GPT (float32, eval mode) from a local transformers folder of a format in
+    ``formats.FAMILIES``."""
     path = Path(path)
     family, cfg = _read_config(path)
     try:  # config.json's sizes are not trusted: the weights must fit before any rule or tensor is read
@@ -150,7 +150,7 @@ def import_hf(path: str | Path, *, device: str | torch.device = "cpu") -> GPT:
     # Older saves (the original GPT-2 upload) store the body without its prefix.
     tensors = {(k if k.startswith(family.prefix) or k == "lm_head.weight" else family.prefix + k): v
                for k, v in _read_tensors(path).items()}
-    state = {}
+    state, expected = {}, meta.state_dict()
     for rule in family.rules(cfg):
         missing = [name for name in rule.theirs if name not in tensors]
         if missing:
@@ -161,7 +161,13 @@ def import_hf(path: str | Path, *, device: str | torch.device = "cpu") -> GPT:
         # A row count other than the rule's is a shape _check_state refuses below.
         if rule.order is not None and tensor.shape[0] == len(rule.order):
             tensor = tensor[torch.argsort(torch.tensor(rule.order))]
-        state[rule.ours] = tensor
+        tensor = tensor + rule.offset
+        names = (rule.ours, *rule.also)
+        rows = [expected[name].shape[0] for name in names]
+        if rule.also and tensor.shape[0] == sum(rows):  # else _check_state refuses the first's shape
+            state.update(zip(names, tensor.split(rows), strict=True))
+        else:
+            state[rule.ours] = tensor
     if cfg.tie_embeddings:
         head = tensors.pop("lm_head.weight", None)
         if head is not None and not torch.equal(head, state["tok_emb.weight"]):

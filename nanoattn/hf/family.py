@@ -5,8 +5,10 @@ Design:
   export and import cannot disagree. A rule names our tensor, theirs, an optional row order
   (Llama 4 rotates interleaved pairs where we rotate half-split ones: a fixed permutation of
   the q/k rows of each head), an optional row split (our fused QKV rows [q | k | v] and SwiGLU
-  rows [gate | up] become separate projections) and a transpose (GPT-2's ``Conv1D`` stores
-  [in, out], ``nn.Linear`` [out, in]).
+  rows [gate | up] become separate projections), a transpose (GPT-2's ``Conv1D`` stores
+  [in, out], ``nn.Linear`` [out, in]), more of our tensors whose rows join the first's before the
+  order and the split (Qwen3-Next's ``q_proj`` interleaves our queries with the output gate's
+  rows) and an offset (Qwen3-Next stores each RMSNorm gain as 1 + w: theirs = ours - offset).
 - A ``Family`` is one transformers format: its names, which models it takes on export
   (``selects``), the ModelConfig fields it fixes (``needs``), its config mapping both ways and
   its weight rules. The families themselves live in one module each; ``formats`` lists them.
@@ -32,6 +34,8 @@ class Rule:
     transpose: bool = False  # GPT-2's Conv1D weight is [in, out]
     # Row i of theirs (before the split) is row order[i] of ours; None keeps the order.
     order: tuple[int, ...] | None = None
+    also: tuple[str, ...] = ()  # further GPT keys whose rows follow ours' (before order and split)
+    offset: float = 0.0  # theirs = ours - offset (a gain stored as 1 + w)
 
 
 def linear_rules(ours: str, theirs: tuple[str, ...], bias: bool, *, split: tuple[int, ...] | None = None,
@@ -69,7 +73,8 @@ def required(hf: Mapping[str, Any], key: str, where: str) -> int:
 # (Qwen 3: QK-norm before RoPE; Ministral: sliding windows).
 PLAIN_ATTENTION = {"qk_norm": "none", "attn_sinks": False, "attn_softcap": None, "logit_softcap": None,
                    "sliding_window": None, "diff_attn": False, "mla_kv_rank": None, "value_embeds": 0,
-                   "token_shift": False, "abacus": False}
+                   "token_shift": False, "attn_gate": "none", "ssmax": False, "xsa": False, "canon": 0,
+                   "attn_fn": "softmax", "forget_gate": False, "abacus": False}
 
 
 def shortest_cycle(values: list[Any]) -> Any:

@@ -6,12 +6,13 @@ Design:
   Ministral with sliding windows,
   or Phi-3 with partial RoPE
   (``rope_fraction < 1``) or a LongRoPE scaling; a layout of RoPE and NoPE layers (Llama 4's
-  iRoPE, or NoPE alone) is Llama 4; ``pos='learned'`` is GPT-2.
+  iRoPE, or NoPE alone) is Llama 4; ``pos='learned'`` is GPT-2. A RoPE model with an output
+  gate (``attn_gate``) is Qwen3-Next, whatever its RoPE form.
   Every other choice a family fixes is checked, and a model with no exact counterpart is refused
   with a one-line ``ValueError`` naming the field; nothing is approximated.
 - On import, ``model_type`` picks the family; each reads its own keys (``llama.py``,
-  ``qwen3.py``, ``ministral.py``, ``llama4.py``, ``phi3.py``, ``gpt2.py``), the rules they share
-  live in ``family.py`` and RoPE's keys in ``rope_params.py``.
+  ``qwen3.py``, ``qwen3_next.py``, ``ministral.py``, ``llama4.py``, ``phi3.py``, ``gpt2.py``), the
+  rules they share live in ``family.py`` and RoPE's keys in ``rope_params.py``.
 """
 
 from __future__ import annotations
@@ -27,9 +28,11 @@ from nanoattn.hf.llama4 import LLAMA4
 from nanoattn.hf.ministral import MINISTRAL
 from nanoattn.hf.phi3 import PHI3
 from nanoattn.hf.qwen3 import QWEN3
+from nanoattn.hf.qwen3_next import QWEN3_NEXT
 from nanoattn.hf.rope_params import HF_ROPE_TYPES
 
-FAMILIES = (LLAMA, QWEN3, MINISTRAL, PHI3, LLAMA4, GPT2)
+# Qwen3-Next first: it is chosen by the output gate, whatever the RoPE form (the others by the RoPE form).
+FAMILIES = (QWEN3_NEXT, LLAMA, QWEN3, MINISTRAL, PHI3, LLAMA4, GPT2)
 
 
 def family_for(cfg: ModelConfig) -> Family:

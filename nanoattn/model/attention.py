@@ -29,9 +29,18 @@ Design:
   chunks start at their first query's window, so its work is O(T * window), and its KV cache
   rolls (``cache.py``). Differential attention is two passes of the same attention, one per half
   of each head pair, whose outputs are subtracted (``_differential``).
+- What turns the scores into weights is the layer's score function (``attn_fn``: softmax, sigmoid,
+  stick-breaking; ``score_functions.py``), asked what it needs: SDPA computes only the softmax, so
+  the others take the explicit computation in query chunks, and stick-breaking's queries weigh only
+  earlier keys (``nearest``). FoX's forget gate (``forget_gate``) adds a decay that depends on the
+  content to the scores: the layer wraps its encoding so that the decay joins the encoding's bias,
+  computed on the bias path in query chunks, and the cache keeps the gates.
 - Value embeddings (modded-nanogpt): a layer given a token table's rows (``GPT`` looks them up)
   mixes them into its new values, v = a v + b e[token] with learned (a, b), before the cache
   stores them, so cached decoding stays exact.
+- Around the softmax (``gates.py``), for every attention: Scalable-Softmax scales the queries,
+  exclusive self-attention takes each output's projection on its token's own value out, and the
+  output gate multiplies the heads, in that order, before ``head_mask`` and W_O.
 - The positional encoding is the layer's own (``GPT`` hands it ``pos.for_layer(layer)``) and is
   asked for what it does (``rotate``, ``scale_queries``, ``scale_keys``, ``bias``); this module
   never branches on its name. Positions are [T] (consecutive, the default) or given per token,
@@ -49,7 +58,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from nanoattn.model.cache import KVCache, StreamingCache
+from nanoattn.model.gates import ExcludeSelf, OutputGate, ScalableSoftmax
 from nanoattn.model.layers import dropout
+from nanoattn.model.score_functions import SCORE_FUNCTIONS, ForgetGate
 from nanoattn.positional.base import PositionalEncoding
 
 # Largest mask/bias chunk, in elements of [B, n_head, chunk, T_k], built at once on the bias path.
@@ -98,8 +109,9 @@ class QKNorm(nn.Module):
 
 
 class CausalAttention(nn.Module, abc.ABC):
-    """The part every attention shares: causal softmax(q.k / sqrt(d)) v over heads [B, H, T, D],
-    with the encoding's bias, the window, the score cap and the sinks, in query chunks
+    """The part every attention shares: causal softmax(q.k / sqrt(d)) v over heads [B, H, T, D] (or
+    the layer's other score function), with the encoding's bias, the forget gates' decay, the window,
+    the score cap and the sinks, in query chunks
     (``_attend``) or explicitly with the weights (``_attend_explicit``). Subclasses make q, k, v
     (``_qkv``), caching what they cache."""
 
@@ -109,12 +121,18 @@ class CausalAttention(nn.Module, abc.ABC):
         self.score_cap = cfg.attn_softcap
         # gpt-oss's sinks, from zero: one extra key of score 0 (transformers draws them N(0, 0.02)).
         self.sinks = nn.Parameter(torch.zeros(cfg.n_head)) if cfg.attn_sinks else None
-        self.explicit = self.score_cap is not None or self.sinks is not None  # SDPA cannot compute them
+        self.score_fn = SCORE_FUNCTIONS[cfg.attn_fn](cfg)  # scores -> weights
+        self.forget_gate = ForgetGate(cfg) if cfg.forget_gate else None
+        # SDPA computes none of these: a cap, a sink column, weights other than a softmax.
+        self.explicit = self.score_cap is not None or self.sinks is not None or not self.score_fn.sdpa
         self.window = cfg.layer_window[layer]  # None: every earlier key
         self.kernel = cfg.attn_kernel
         # When a tensor (GPT.max_attention_logit sets it), attention runs explicitly in query chunks
         # and keeps the largest |q.k| / sqrt(d) of a visible key here, before any cap.
         self.largest_logit: torch.Tensor | None = None
+        self.ssmax = ScalableSoftmax(cfg, self.window) if cfg.ssmax else None
+        self.exclude_self = ExcludeSelf() if cfg.xsa else None
+        self.output_gate = OutputGate(cfg) if cfg.attn_gate != "none" else None
 
     def forward(
         self,
@@ -135,7 +153,15 @@ class CausalAttention(nn.Module, abc.ABC):
         Also returns the attention weights [B, heads, T, T_k] when ``return_weights`` (slow path).
         """
         q, k, v, k_positions = self._qkv(x, pos, positions, seq_len, cache, layer, value_embed)
+        if self.ssmax is not None:
+            q = self.ssmax(q, positions)
+        if self.forget_gate is not None:  # the gates' decay joins the encoding's bias
+            pos = self.forget_gate(x, pos, k_positions, cache, layer)
         y, weights = self._heads(q, k, v, positions, k_positions, pos, layer, return_weights)
+        if self.exclude_self is not None:
+            y = self.exclude_self(y, v[:, :, -x.shape[1]:])  # the new tokens' own values, the newest
+        if self.output_gate is not None:
+            y = self.output_gate(x, y)
         return self._project(y, head_mask), weights
 
     @abc.abstractmethod
@@ -221,14 +247,15 @@ class CausalAttention(nn.Module, abc.ABC):
         Tq, Tk = q.shape[2], k.shape[2]
         order = torch.arange(Tk, device=q.device)
         offset = order[Tk - Tq:, None] - order[None, :]  # [Tq, Tk]: how many tokens back each key is
-        allowed = offset >= 0 if self.window is None else (offset >= 0) & (offset < self.window)
+        nearest = self.score_fn.nearest  # 0: a query weighs its own key too
+        allowed = offset >= nearest if self.window is None else (offset >= nearest) & (offset < self.window)
         bias = pos.bias(q, k, q_positions, k_positions, layer)
         if bias is None:
             return allowed
         return bias.masked_fill(~allowed, float("-inf")).to(dtype)
 
     def _attend_explicit(self, q, k, v, mask, dtype=torch.float32):
-        """softmax(softcap(q.k / sqrt(D)) + mask) @ v with the scores in ``dtype``, returning the
+        """score_fn(softcap(q.k / sqrt(D)) + mask) @ v with the scores in ``dtype``, returning the
         weights [B, H, Tq, Tk] as well.
 
         Each K/V head's query heads are stacked as rows of one matmul, so K/V are never repeated.
@@ -247,7 +274,7 @@ class CausalAttention(nn.Module, abc.ABC):
         scores = softcap(scores, self.score_cap)
         scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
         if self.sinks is None:
-            weights = torch.softmax(scores, dim=-1)
+            weights = self.score_fn(scores)
         else:
             sinks = self.sinks.to(scores.dtype).view(1, H, 1, 1).expand(B, H, Tq, 1)
             weights = torch.softmax(torch.cat([scores, sinks], dim=-1), dim=-1)[..., :-1]

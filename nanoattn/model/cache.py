@@ -15,6 +15,11 @@ Tokens given their own positions (``GPT.forward(idx, positions)``, [B, T]) keep 
 records every token's position once, for all layers ([B, capacity] int64, made at the first such
 call), and each key is read back at its own (``key_positions``). A sequence takes one kind of
 positions throughout: default ones (the next token's is ``length``) or given ones.
+
+With FoX's forget gates (``forget_gate``) each layer also keeps every cached token's log gate per
+query head (float32), beside its key and value and in the same slots: attention sums them afresh
+over what is held, so the decay between a key and its query is the same sum of the same numbers as
+in recomputation.
 """
 
 from __future__ import annotations
@@ -42,36 +47,51 @@ def check_streamable(cfg, owner: str, name: str, value: Any) -> None:
 class _LayerBuffers:
     """What both caches share: per-layer K and V buffers ``self.k``, ``self.v``, each
     [B, n_kv_head, slots, head_dim]; with multi-head latent attention, the joint latent
-    [B, 1, slots, mla_kv_rank] and the unrotated shared rotary key [B, 1, slots, mla_rope_dim]."""
+    [B, 1, slots, mla_kv_rank] and the unrotated shared rotary key [B, 1, slots, mla_rope_dim]; with
+    forget gates, ``self.log_gates`` [B, n_head, slots] per layer (none: an empty list)."""
 
     k: list[torch.Tensor]
     v: list[torch.Tensor]
     positions: torch.Tensor | None = None  # [B, capacity]: each token's given position, when given
-    # With token_shift: the newest cached token's embedding [B, 1, d_model], the next token's predecessor.
-    last_embedding: torch.Tensor | None = None
     # With abacus: the newest cached token's index in its run of digits [B], which the next may continue.
     last_abacus: torch.Tensor | None = None
+    log_gates: list[torch.Tensor]
+    # With token_shift: the newest cached token's embedding [B, 1, d_model], the next token's predecessor.
+    last_embedding: torch.Tensor | None = None
+    # With canon layers: each layer's newest canon - 1 inputs [B, canon - 1, d_model] (gates.Canon).
+    canon_inputs: list[torch.Tensor | None]
 
     def _allocate(self, cfg, batch_size: int, slots: list[int], device, dtype: torch.dtype,
                   what: str) -> None:
         device = torch.device(device) if device is not None else torch.get_default_device()
+        self.canon_inputs = [None] * cfg.n_layer
         if cfg.mla_kv_rank is None:
             widths = ((cfg.n_kv_head, cfg.head_dim), (cfg.n_kv_head, cfg.head_dim))
         else:
             widths = ((1, cfg.mla_kv_rank), (1, cfg.mla_rope_dim))
-        per_slot = batch_size * sum(heads * width for heads, width in widths) * dtype.itemsize
+        gate_heads = cfg.n_head if cfg.forget_gate else 0
+        per_slot = batch_size * (sum(heads * width for heads, width in widths) * dtype.itemsize
+                                 + gate_heads * torch.float32.itemsize)
         check_fits(sum(slots) * per_slot, device, what)
         (k_heads, k_width), (v_heads, v_width) = widths
         self.k = [torch.zeros(batch_size, k_heads, n, k_width, device=device, dtype=dtype) for n in slots]
         self.v = [torch.zeros(batch_size, v_heads, n, v_width, device=device, dtype=dtype) for n in slots]
+        self.log_gates = [torch.zeros(batch_size, gate_heads, n, device=device) for n in slots if gate_heads]
+
+    def _layers(self) -> list[tuple[torch.Tensor, ...]]:
+        """Each layer's buffers, slots in dim 2: K, V and its log gates, if any."""
+        gates = self.log_gates or [None] * len(self.k)
+        return [tuple(b for b in buffers if b is not None)
+                for buffers in zip(self.k, self.v, gates, strict=True)]
 
     def bytes_per_token(self) -> int:
-        """The bytes one cached token takes: a slot of K and V in every layer, the whole batch."""
-        return sum((k.nbytes + v.nbytes) // k.shape[2] for k, v in zip(self.k, self.v, strict=True))
+        """The bytes one cached token takes: a slot of K and V (and the log gates) in every layer, the
+        whole batch."""
+        return sum(sum(b.nbytes for b in buffers) // buffers[0].shape[2] for buffers in self._layers())
 
     @property
     def nbytes(self) -> int:
-        return sum(k.nbytes + v.nbytes for k, v in zip(self.k, self.v, strict=True))
+        return sum(b.nbytes for buffers in self._layers() for b in buffers)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -120,19 +140,25 @@ class KVCache(_LayerBuffers):
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store k, v [B, n_kv_head, T, head_dim] after the cached tokens; return the cached ones
         (every one, or a window layer's newest) followed by these, in position order."""
+        return self._store(self.k[layer], layer, k), self._store(self.v[layer], layer, v)
+
+    def update_log_gates(self, layer: int, log_gates: torch.Tensor) -> torch.Tensor:
+        """``update`` for the forget gates' log f [B, n_head, T]."""
+        return self._store(self.log_gates[layer], layer, log_gates)
+
+    def _store(self, buffer: torch.Tensor, layer: int, x: torch.Tensor) -> torch.Tensor:
+        """x [B, heads, T, ...] into layer ``layer``'s ``buffer`` (slots in dim 2) after the cached
+        tokens -> the cached ones followed by x, in position order."""
         if not self.rolling[layer]:
-            end = self.length + k.shape[2]
-            self.k[layer][:, :, self.length:end] = k
-            self.v[layer][:, :, self.length:end] = v
-            return self.k[layer][:, :, :end], self.v[layer][:, :, :end]  # [B, n_kv_head, end, head_dim]
+            end = self.length + x.shape[2]
+            buffer[:, :, self.length:end] = x
+            return buffer[:, :, :end]  # [B, heads, end, ...]
         slots = self.slots[layer]
         held = min(self.length, slots)  # the newest `held` slots of the buffer are filled
-        keys = torch.cat([self.k[layer][:, :, slots - held:], k], dim=2)  # [B, n_kv_head, held + T, head_dim]
-        values = torch.cat([self.v[layer][:, :, slots - held:], v], dim=2)
-        kept = min(keys.shape[2], slots)
-        self.k[layer][:, :, slots - kept:] = keys[:, :, -kept:]
-        self.v[layer][:, :, slots - kept:] = values[:, :, -kept:]
-        return keys, values
+        joined = torch.cat([buffer[:, :, slots - held:], x], dim=2)  # [B, heads, held + T, ...]
+        kept = min(joined.shape[2], slots)
+        buffer[:, :, slots - kept:] = joined[:, :, -kept:]
+        return joined
 
 
 class StreamingCache(_LayerBuffers):
@@ -176,13 +202,20 @@ class StreamingCache(_LayerBuffers):
         evicted = self.length + new_tokens - self.capacity
         if evicted > 0:
             kept = slice(self.n_sink + evicted, self.length)
-            for buffer in (*self.k, *self.v):
+            for buffer in (*self.k, *self.v, *self.log_gates):
                 buffer[:, :, self.n_sink:self.length - evicted] = buffer[:, :, kept].clone()
             self.length -= evicted
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store unrotated k, v [B, n_kv_head, T, head_dim] after the held tokens; return all held."""
-        end = self.length + k.shape[2]
-        self.k[layer][:, :, self.length:end] = k
-        self.v[layer][:, :, self.length:end] = v
-        return self.k[layer][:, :, :end], self.v[layer][:, :, :end]  # [B, n_kv_head, end, head_dim]
+        return self._store(self.k[layer], k), self._store(self.v[layer], v)
+
+    def update_log_gates(self, layer: int, log_gates: torch.Tensor) -> torch.Tensor:
+        """``update`` for the forget gates' log f [B, n_head, T]: the evicted tokens' gates leave with
+        them, so the decay spans the held tokens, as positions do."""
+        return self._store(self.log_gates[layer], log_gates)
+
+    def _store(self, buffer: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        end = self.length + x.shape[2]
+        buffer[:, :, self.length:end] = x
+        return buffer[:, :, :end]  # [B, heads, end, ...]

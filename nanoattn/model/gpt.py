@@ -20,6 +20,7 @@ from nanoattn.config import ModelConfig
 from nanoattn.model.abacus import Abacus
 from nanoattn.model.attention import Attention, softcap
 from nanoattn.model.cache import KVCache, StreamingCache
+from nanoattn.model.gates import Canon
 from nanoattn.model.latent import LatentAttention
 from nanoattn.model.layers import dropout, make_mlp, make_norm
 from nanoattn.positional import build_positional, positions_refusal
@@ -40,13 +41,17 @@ class Block(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int) -> None:
         super().__init__()
         self.attn_norm = make_norm(cfg)
+        self.canon = Canon(cfg, layer) if cfg.canon else None  # Canon-A, on the attention's input
         self.attn = Attention(cfg, layer) if cfg.mla_kv_rank is None else LatentAttention(cfg, layer)
         self.mlp_norm = make_norm(cfg)
         self.mlp = make_mlp(cfg)
         self.dropout = cfg.dropout
 
     def forward(self, x, pos, positions, seq_len, **attn_options):
-        a, weights = self.attn(self.attn_norm(x), pos, positions, seq_len, **attn_options)
+        h = self.attn_norm(x)
+        if self.canon is not None:
+            h = self.canon(h, attn_options.get("cache"))
+        a, weights = self.attn(h, pos, positions, seq_len, **attn_options)
         x = x + a
         x = x + dropout(self.mlp(self.mlp_norm(x)), self.dropout, self.training)
         return x, weights

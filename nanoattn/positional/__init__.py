@@ -48,6 +48,16 @@ def positions_refusal(cfg) -> str | None:
     if refusing:
         return (f"pos={cfg.pos!r} has no use for them ({' and '.join(refusing)} reads no position); the "
                 f"encodings that take them: {' | '.join(encodings_with('takes_positions'))}")
+    # Scalable-Softmax's log n and FoX's decay count a query's keys by the default positions
+    # (model/gates.py, model/score_functions.py).
+    counting = [name for name in ("ssmax", "forget_gate") if getattr(cfg, name)]
+    if counting:
+        return f"model.{counting[0]}=True counts each query's keys by its default position, 0..T-1"
+    # Scalable-Softmax's log n and FoX's decay count a query's keys by the default positions
+    # (model/gates.py, model/score_functions.py).
+    counting = [name for name in ("ssmax", "forget_gate") if getattr(cfg, name)]
+    if counting:
+        return f"model.{counting[0]}=True counts each query's keys by its default position, 0..T-1"
     if cfg.rotary and rope_depends_on_length(cfg.rope_scaling):
         return (f"rope_scaling type {cfg.rope_scaling['type']!r} rotates by the sequence length, which given "
                 "positions do not fix")

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
@@ -32,6 +33,7 @@ from nanoattn.data.tokenizer import build_tokenizer
 from nanoattn.eval.heads import (
     BROAD_MIN_ENTROPY,
     FIRST_QUERY,
+    GATE_NEAR_ZERO,
     LOCAL_MAX_OFFSET,
     POSITIONAL_MASS,
     ablation_importance,
@@ -45,6 +47,7 @@ from nanoattn.eval.heads import (
     prune_heads,
     pruning_curve,
     query_statistics,
+    variant_statistics,
 )
 from nanoattn.eval.plots import plot_attention_grid, plot_attention_head
 from nanoattn.eval.runs import load_for_eval, run_data_dir
@@ -105,8 +108,9 @@ def test_attention_maps_of_the_variants_equal_their_fast_path(monkeypatch, varia
 
 def check_maps(model: GPT) -> None:
     """The slow path's logits equal the fast path's, with and without a head mask; its weights are
-    causal distributions, less what learned sinks took (their statistic is the rest); a
-    differential map's rows sum to 1 too (it is normalised by 1 - lambda)."""
+    causal distributions, less what learned sinks took or the stick-breaking stick left (their
+    statistic is the rest), or sigmoid weights, each in [0, 1]; a differential map's rows sum to 1
+    too (it is normalised by 1 - lambda)."""
     idx = torch.randint(0, 50, (2, 24))
     heads = model.cfg.attention_heads
     mask = torch.tensor([[1.0, 0.0, 0.5, 1.0], [0.0, 1.0, 1.0, 2.0]])[:, :heads]
@@ -117,14 +121,77 @@ def check_maps(model: GPT) -> None:
         torch.testing.assert_close(slow, fast, atol=1e-5, rtol=1e-5)
         for w in weights:
             assert w.shape == (2, heads, 24, 24)
-            if model.cfg.attn_sinks:
+            if model.cfg.attn_sinks or model.cfg.attn_fn == "stick_breaking":
                 sink = query_statistics(w, torch.zeros(2, 24, dtype=torch.bool))["sink_mass"]
-                assert (sink > 0).all() and sink.mean() > 0.01  # the perturbed sinks take a share
+                # The perturbed sinks take a share of every row; the stick is left in some rows only.
+                assert (sink > 0).all() if model.cfg.attn_sinks else (sink >= 0).all()
+                assert sink.mean() > 0.01
                 torch.testing.assert_close(w.sum(-1)[..., FIRST_QUERY:] + sink,
                                            torch.ones(2, heads, 24 - FIRST_QUERY))
+            elif model.cfg.attn_fn == "sigmoid":
+                assert ((w >= 0) & (w <= 1)).all()
             else:
                 torch.testing.assert_close(w.sum(-1), torch.ones(2, heads, 24))
             assert (w.triu(1) == 0).all()  # causal
+
+
+# --- each variant's own statistic ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["headwise", "elementwise"])
+def test_the_gate_statistic_is_each_heads_mean_gate_and_the_share_near_zero(mode):
+    """W_g = 0 with a bias of -10 on layer 0's head 1 (every channel of it, elementwise): that head's
+    gate is sigmoid(-10) whatever the input, every other one sigmoid(0) = 0.5."""
+    model = small_model(2, bias=True, attn_gate=mode)
+    with torch.no_grad():
+        for block in model.blocks:
+            block.attn.output_gate.proj.weight.zero_()
+        bias = model.blocks[0].attn.output_gate.proj.bias
+        bias.view(4, -1)[1] = -10.0
+    stats = variant_statistics(model, random_batches())
+    assert list(stats) == ["attn_gate"]
+    expected = torch.full((2, 4), 0.5, dtype=torch.float64)
+    expected[0, 1] = torch.sigmoid(torch.tensor(-10.0, dtype=torch.float64))
+    torch.testing.assert_close(torch.tensor(stats["attn_gate"]["mean_gate"], dtype=torch.float64), expected)
+    assert stats["attn_gate"]["near_zero"] == 1 / 8 and expected[0, 1] < GATE_NEAR_ZERO
+    assert stats["attn_gate"]["mean"] == pytest.approx(float(expected.mean()))
+
+
+def test_the_xsa_statistic_is_the_squared_cosine_of_each_output_with_its_own_value():
+    """One layer without positions, written out: y_i = sum_j a_ij v_j per head, then cos^2(y_i, v_i)
+    (v_i of the head's K/V group) averaged over the queries from FIRST_QUERY on."""
+    model = small_model(2, n_layer=1, pos="nope", xsa=True, init_std=0.2)
+    batches = random_batches()
+    shares = []
+    with torch.no_grad():
+        for x, _ in batches:
+            h = model.blocks[0].attn_norm(model.tok_emb(x)).double()
+            q, k, v = (h @ model.blocks[0].attn.qkv.weight.double().T).split([32, 16, 16], dim=-1)
+            q, k, v = (t.view(2, 16, -1, 8).transpose(1, 2) for t in (q, k, v))
+            k, v = k.repeat_interleave(2, 1), v.repeat_interleave(2, 1)  # [B, 4, T, 8]
+            future = torch.ones(16, 16, dtype=torch.bool).triu(1)
+            y = torch.softmax((q @ k.transpose(-2, -1) / 8 ** 0.5).masked_fill(future, -math.inf), -1) @ v
+            cos = (y * v).sum(-1) / (y.norm(dim=-1) * v.norm(dim=-1))  # [B, 4, T]
+            shares.append(cos.square()[..., FIRST_QUERY:])
+    expected = torch.cat(shares).mean((0, 2))  # [4]
+    stats = variant_statistics(model, batches)["xsa"]
+    torch.testing.assert_close(torch.tensor(stats["removed"][0], dtype=torch.float64), expected)
+    assert 0 < stats["mean"] < 1
+
+
+def test_the_ssmax_and_canon_statistics_read_their_parameters():
+    """s per query head, and s log n at the windows' last query: n = 16 keys, or the 6 of a window."""
+    model = small_model(2, ssmax=True, sliding_window=[6, None], canon=3)
+    with torch.no_grad():
+        model.blocks[0].attn.ssmax.s.copy_(torch.tensor([0.1, 0.2, 0.3, 0.4]))
+    stats = variant_statistics(model, random_batches(seq_len=16))
+    assert list(stats) == ["ssmax", "canon"]
+    assert stats["ssmax"]["s"][0] == pytest.approx([0.1, 0.2, 0.3, 0.4])
+    assert stats["ssmax"]["factor"][0] == pytest.approx([s * math.log(6) for s in (0.1, 0.2, 0.3, 0.4)])
+    assert stats["ssmax"]["factor"][1] == pytest.approx([math.log(16) / math.log(32)] * 4)  # s from 1/log 32
+    weight = model.blocks[1].canon.weight  # [d_model, 3], the last tap the token itself
+    assert stats["canon"]["taps"][1] == pytest.approx(weight.abs().mean(0).flip(0).tolist())
+    assert variant_statistics(small_model(), random_batches()) == {}
 
 
 # --- a model with known heads ---------------------------------------------------------------------------
@@ -195,6 +262,71 @@ def test_hand_built_heads_are_classified_and_match_closed_forms():
                        for x, _ in batches])  # [windows, queries]: delimiters among the visible keys
     assert uniform["delimiter_mass"] == pytest.approx(float(share.mean()), rel=1e-5)
     assert [r["kv_group"] for r in heads] == [0, 1, 2, 3, 4]
+
+
+@torch.no_grad()
+def first_layer_scores(model: GPT, x: torch.Tensor) -> torch.Tensor:
+    """The first layer's q.k / sqrt(d) [B, H, T, T] by hand in float64 (NoPE, MHA)."""
+    attn, H, D = model.blocks[0].attn, model.cfg.n_head, model.cfg.head_dim
+    h = model.blocks[0].attn_norm(model.tok_emb(x)).double()  # [B, T, d_model]
+    q, k, _ = (h @ attn.qkv.weight.double().T).split(H * D, dim=-1)
+    q, k = (t.view(*x.shape, H, D).transpose(1, 2) for t in (q, k))  # [B, H, T, D]
+    return q @ k.transpose(-2, -1) / math.sqrt(D)
+
+
+@pytest.mark.parametrize("attn_fn", ["stick_breaking", "sigmoid"])
+def test_the_mass_a_score_function_leaves_or_adds_is_its_statistic(attn_fn):
+    """Stick-breaking's ``sink_mass`` is the stick left, prod_{k<i} (1 - sigma(s_ik)) (Tan et al.);
+    sigmoid's ``weight_sum`` is sum_{j<=i} sigma(s_ij - log n) (Ramapuram et al.); a softmax's are 0
+    and 1."""
+    model = small_model(pos="nope", init_std=0.2, attn_fn=attn_fn)
+    batches = random_batches(n=2)
+    records = head_statistics(model, batches)[:4]  # the first layer's heads
+    expected = []
+    for x, _ in batches:
+        s = first_layer_scores(model, x)
+        i, j = torch.arange(16)[:, None], torch.arange(16)[None, :]
+        if attn_fn == "stick_breaking":
+            per_query = torch.sigmoid(-s).masked_fill(j >= i, 1).prod(-1)  # [B, H, T]
+        else:
+            per_query = torch.sigmoid(s - math.log(32)).masked_fill(j > i, 0).sum(-1)
+        expected.append(per_query[..., FIRST_QUERY:])
+    expected = torch.cat(expected).mean(dim=(0, 2))  # [H]
+    name = "sink_mass" if attn_fn == "stick_breaking" else "weight_sum"
+    assert [r[name] for r in records] == pytest.approx(expected.tolist(), rel=1e-5)
+    assert expected.min() > 0.01 and expected.max() < 0.99  # a share that shows
+    plain = head_statistics(small_model(pos="nope", init_std=0.2), batches)
+    assert all(r["sink_mass"] < 1e-6 and r["weight_sum"] == pytest.approx(1.0) for r in plain)
+
+
+def test_the_forget_span_counts_the_keys_the_gates_leave_above_one_over_e():
+    """For query i, the keys j <= i with sum_{t=j+1..i} log f_t >= -1 (Lin et al.'s gates), averaged
+    over queries; without gates every key the query sees, i + 1."""
+    model = small_model(pos="nope", forget_gate=True)
+    with torch.no_grad():
+        gate = model.blocks[0].attn.forget_gate.proj
+        gate.weight.normal_(0, 0.3)
+        gate.bias.copy_(torch.tensor([-1.0, 1.0, 3.0, 6.0]))  # from a few tokens to most of the window
+    batches = random_batches(n=2)
+    spans = []
+    for x, _ in batches:
+        with torch.no_grad():
+            h = model.blocks[0].attn_norm(model.tok_emb(x)).double()
+            log_f = F.logsigmoid(h @ gate.weight.double().T + gate.bias.double())  # [B, T, H]
+        span = torch.zeros(2, 4, 16 - FIRST_QUERY)
+        for b in range(2):
+            for head in range(4):
+                for i in range(FIRST_QUERY, 16):
+                    span[b, head, i - FIRST_QUERY] = sum(
+                        float(log_f[b, j + 1:i + 1, head].sum()) >= -1 for j in range(i + 1))
+        spans.append(span)
+    expected = torch.cat(spans).mean(dim=(0, 2))
+    records = head_statistics(model, batches)
+    assert [r["forget_span"] for r in records[:4]] == pytest.approx(expected.tolist(), rel=1e-6)
+    assert expected[0] < 3 and expected[3] > 8 and (expected.diff() > 0).all()
+    i = torch.arange(FIRST_QUERY, 16, dtype=torch.float64)
+    no_gates = head_statistics(small_model(pos="nope"), batches)
+    assert all(r["forget_span"] == pytest.approx(float((i + 1).mean())) for r in no_gates)
 
 
 def test_kind_rules_and_their_thresholds():

@@ -101,11 +101,12 @@ def test_cached_decoding_at_given_positions_equals_recomputation(pos, layout):
     decode_and_compare(tiny(pos, LAYOUTS[layout]), high_for(pos))
 
 
-@pytest.mark.parametrize("variant", ["window", "local_global", "mla", "diff", "sinks"])
+@pytest.mark.parametrize("variant", ["window", "local_global", "mla", "diff", "sinks", "gate", "xsa", "canon",
+                                     "stick_breaking", "sigmoid"])
 def test_cached_decoding_at_given_positions_with_attention_variants(variant):
     """A rolling window buffer reads its keys' positions back from the cache; latent attention
     rotates its cached shared key at its own."""
-    decode_and_compare(tiny("rope", **VARIANTS[variant]), 2 * MAX_SEQ_LEN)
+    decode_and_compare(tiny(**{**VARIANTS[variant], "pos": "rope"}), 2 * MAX_SEQ_LEN)
 
 
 def test_sliding_window_decoding_takes_the_window_positions():
@@ -140,6 +141,14 @@ def test_layouts_and_length_dependent_rotations_refuse_them_in_one_line():
                                          "length, which given positions do not fix$"):
         dynamic(tokens(), coupled())
     assert tiny(["rope", "alibi"]).positions_refusal is None
+    for field in ("ssmax", "forget_gate"):  # they count a query's keys by its default position
+        with pytest.raises(ValueError, match=f"^positions=.* is invalid for this model: model.{field}=True "
+                                             "counts each query's keys by its default position, 0..T-1$"):
+            tiny("rope", **{field: True})(tokens(), coupled())
+    for field in ("ssmax", "forget_gate"):  # they count a query's keys by its default position
+        with pytest.raises(ValueError, match=f"^positions=.* is invalid for this model: model.{field}=True "
+                                             "counts each query's keys by its default position, 0..T-1$"):
+            tiny("rope", **{field: True})(tokens(), coupled())
 
 
 def test_bad_positions_are_refused_in_one_line():

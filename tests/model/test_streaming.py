@@ -40,9 +40,11 @@ def prompt() -> torch.Tensor:
 @pytest.mark.parametrize("fields", [dict(pos="rope"), dict(pos="alibi"), dict(pos="xpos"), dict(pos="cope"),
                                     dict(pos="nope"), dict(pos="rope", qk_norm="after_rope"),
                                     dict(pos="rope", rope_scaling={"type": "dynamic", "factor": 2.0}),
-                                    dict(pos="rope", mla_kv_rank=12, mla_rope_dim=4, n_kv_head=4)],
+                                    dict(pos="rope", mla_kv_rank=12, mla_rope_dim=4, n_kv_head=4),
+                                    dict(pos="nope", forget_gate=True),
+                                    dict(pos="nope", attn_fn="stick_breaking")],
                          ids=["rope", "alibi", "xpos", "cope", "nope", "rope-qk_norm_after", "rope-dynamic",
-                              "mla"])
+                              "mla", "fox", "stick_breaking"])
 def test_one_layer_streaming_equals_recomputing_sinks_and_window_at_cache_positions(fields):
     net = model(**fields)
     decoding = Decoding(net, prompt(), 40, temperature=0, streaming=(SINKS, WINDOW))

@@ -204,6 +204,18 @@ def test_a_sweep_runs_every_job_reports_the_failed_ones_at_its_end_and_fails(
     assert not (tmp_path / "sweep" / "1").exists()
 
 
+def test_a_sweep_whose_job_would_not_compose_is_refused_before_any_job_runs(tmp_path, tiny_config,
+                                                                          as_overrides, monkeypatch, capsys):
+    """Hydra composes each job just before it runs: an unknown option in the second job would end the
+    sweep after the first had trained, and the later ones would never run."""
+    args = [a for a in as_overrides(tiny_config(tmp_path / "sweep", max_steps=2, eval_interval=0))
+            if not a.startswith("model.pos")]
+    code, _, _ = _main(monkeypatch, capsys, "-m", *args, "pos=rope,bogus,alibi")
+    assert code.startswith("error: job 1 (pos=bogus) of the sweep: In 'train': Could not find 'pos/bogus'")
+    assert code.endswith("; no job was run") and "\n" not in code
+    assert not (tmp_path / "sweep").exists()
+
+
 def test_the_advice_after_a_stop_resumes_an_experiments_run_in_its_own_directory(
         tmp_path, tiny_config, as_overrides, monkeypatch, capsys):
     """experiment=extrapolation puts the run in <out_dir>/<pos>: the advice names that directory."""

@@ -83,22 +83,42 @@ def test_the_arithmetic_lab_trains_its_rows_then_publishes_its_page(tmp_path, ti
     assert abacus["abacus"] and abacus["abacus_digits"] == list(b"0123456789") and abacus["pos"] == "fire"
 
 
-def test_sigterm_to_a_lab_stops_its_trainings_which_save_and_a_rerun_resumes_them(tmp_path, tiny_config,
-                                                                                   as_overrides, trainer):
-    overrides = lab_overrides(tiny_config, as_overrides, tmp_path, "model.n_layer=", max_steps=400,
-                              ckpt_interval=0)
-    run = tmp_path / "runs" / "rope" / "seed0"
-    script = (f"import sys; from pathlib import Path; from nanoattn.commands.labs import train_runs; "
-              f"train_runs({list(trainer)!r}, 'extrapolation', {{Path({str(run)!r}): ['pos=rope']}}, 1, "
-              f"{overrides!r})")
+def test_a_lab_interrupted_then_rerun_publishes_the_table_of_an_uninterrupted_one(tmp_path, tiny_config,
+                                                                                 as_overrides, trainer):
+    """SIGTERM to a lab stops its training, which saves; the rerun resumes it and publishes the same
+    numbers as a lab that was never stopped (all but the training speed, a measurement of the machine)."""
+    overrides = lab_overrides(tiny_config, as_overrides, tmp_path, "~recipe", "model.max_seq_len",
+                              max_steps=40, ckpt_interval=0)
+    overrides.append("model.max_seq_len=40")
+
+    def config(root: str) -> TaskLabConfig:
+        return TaskLabConfig(tasks=["copy"], encodings=["rope"], seeds=[0], train=True, per_bin=8,
+                             factors=[1, 2], runs_root=str(tmp_path / root), train_overrides=overrides)
+
+    run = tmp_path / "stopped" / "copy" / "rope" / "seed0"
+    script = ("from nanoattn.commands.labs import LABS, TaskLabConfig, run_lab; "
+              f"run_lab(LABS['tasks'], {config('stopped')!r}, {list(trainer)!r})")
     lab = subprocess.Popen([sys.executable, "-c", script])
     deadline = time.monotonic() + 120
     while not (run / "metrics.jsonl").is_file() or not (run / "metrics.jsonl").read_text():
         assert time.monotonic() < deadline and lab.poll() is None
-        time.sleep(0.2)
+        time.sleep(0.1)
     lab.terminate()
     assert lab.wait(timeout=120) != 0
-    # The training child saved where it stopped (its only checkpoint: ckpt_interval=0) and is unfinished.
-    step = json.loads((run / "checkpoints" / (run / "checkpoints" / "latest").read_text().strip()
-                       / "config.json").read_text())["step"]
-    assert 0 < step < 400 and not is_finished(run)
+    # The training saved where it stopped (its only checkpoint: ckpt_interval=0), unfinished, no page.
+    assert 0 < json.loads((run / "checkpoints" / (run / "checkpoints" / "latest").read_text().strip()
+                           / "config.json").read_text())["step"] < 40
+    assert not is_finished(run) and not (tmp_path / "stopped" / "tasks.json").exists()
+
+    def numbers(page: dict) -> dict:
+        return {row["label"]: {column: values for column, values in row["values"].items()
+                               if column != "train tok/s"} for row in page["rows"]}
+
+    def losses(root: str) -> list:
+        return [(r["step"], r["train_loss"]) for r in read_metrics(
+            tmp_path / root / "copy" / "rope" / "seed0" / "metrics.jsonl") if "train_loss" in r]
+
+    resumed = run_lab(LABS["tasks"], config("stopped"), trainer)
+    assert numbers(resumed) == numbers(run_lab(LABS["tasks"], config("whole"), trainer))
+    # Resumed where it stopped, not restarted: one record per step, each the uninterrupted run's.
+    assert losses("stopped") == losses("whole")

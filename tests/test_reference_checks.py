@@ -1,0 +1,49 @@
+"""Every encoding and attention variant equals its reference implementation within a float32
+tolerance (the checks: reference_checks.py), every option has a row, and the published table
+(docs/results/references.md) has every row, is within every tolerance and is its JSON rendered."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from reference_checks import ENCODING, FOLDER, PAGE, ROWS, VARIANT, render
+
+from nanoattn.config.options import ATTENTION_VARIANTS, encoding_options
+
+CASES = [(name, index) for name, row in ROWS.items() for index in range(len(row.checks))]
+PUBLISHED = FOLDER / f"{PAGE}.json"
+REGENERATE = "python scripts/reference_table.py"
+
+
+def options() -> dict[str, str]:
+    """Every option that needs a row, and its kind: read from the registries when asked."""
+    return {**dict.fromkeys(encoding_options(), ENCODING), **dict.fromkeys(ATTENTION_VARIANTS, VARIANT)}
+
+
+@pytest.mark.parametrize(("name", "index"), CASES, ids=[f"{name}-{index}" for name, index in CASES])
+def test_each_option_equals_its_reference(name, index):
+    check = ROWS[name].checks[index]
+    assert check.measure() <= check.tolerance, check.reference
+
+
+def test_every_encoding_and_attention_variant_has_a_row():
+    for name, kind in options().items():
+        assert name in ROWS, (f"{kind} {name!r} has no reference row: add its paper, reference and check "
+                              f"to ROWS in tests/reference_checks.py, then run {REGENERATE}")
+        assert ROWS[name].kind == kind and ROWS[name].checks, name
+    assert set(ROWS) <= set(options()), f"rows for no registered option: {sorted(set(ROWS) - set(options()))}"
+
+
+def test_the_published_table_has_every_row_within_its_tolerance():
+    page = json.loads(PUBLISHED.read_text())
+    published = {row["name"] for row in page["rows"]}
+    for name, kind in options().items():
+        assert name in published, f"docs/results/references.md has no row for {kind} {name!r}: {REGENERATE}"
+    stated = [(row["name"], row["kind"], row["paper"], row["reference"], row["compared"], row["tolerance"],
+               row["note"]) for row in page["rows"]]
+    current = [(name, row.kind, row.paper, check.reference, check.compared, check.tolerance, check.note)
+               for name, row in ROWS.items() for check in row.checks]
+    assert stated == current, f"docs/results/references.md is not the table of ROWS: run {REGENERATE}"
+    assert all(row["difference"] <= row["tolerance"] for row in page["rows"])
+    assert render(page) == PUBLISHED.with_suffix(".md").read_text()
