@@ -20,6 +20,8 @@ Design:
   module never branches on the encoding's name. ``sliding_window=True`` instead re-encodes the
   last ``max_seq_len`` tokens without a cache once the sequence is longer: one full forward of
   max_seq_len tokens per new token.
+- Given positions (``positions`` [B, T + max_new_tokens], known in advance from the task's
+  structure) go to the model with each step's tokens; the cache keeps each key's own.
 - Logits become a token in a fixed order, as in transformers: repetition penalty (CTRL),
   temperature, then the registered filters top-k, top-p, min-p. ``temperature=0`` is greedy.
 - A sequence ends when it picks a stop token; it then repeats that token, so the batch stays
@@ -157,6 +159,8 @@ class Decoding:
     ``pruned_kv_bytes`` is what they held.
     These are inference tensors (made under ``torch.inference_mode``): clone them outside it
     before autograd sees them.
+
+    ``positions`` [B, T + max_new_tokens] int64: each token's own position, if not 0, 1, 2, ...
     """
 
     @torch.inference_mode()
@@ -165,7 +169,8 @@ class Decoding:
                  repetition_penalty: float = 1.0, stop_tokens: Iterable[int] | None = None,
                  use_cache: bool = True, sliding_window: bool = False,
                  streaming: tuple[int, int] | None = None, prune_threshold: float | None = None,
-                 generator: torch.Generator | None = None, vocab_limit: int | None = None) -> None:
+                 generator: torch.Generator | None = None, vocab_limit: int | None = None,
+                 positions: torch.Tensor | None = None) -> None:
         cfg = model.cfg
         if not isinstance(idx, torch.Tensor) or idx.dim() != 2 or idx.dtype != torch.long or idx.numel() == 0:
             fail(OWNER, "idx", getattr(idx, "shape", idx), "must be a non-empty int64 tensor [B, T]")
@@ -205,7 +210,13 @@ class Decoding:
         self.end = T + max_new_tokens
         self.window = cfg.max_seq_len if sliding_window else None
         self.streaming = streaming
-        if streaming is not None:  # positions are cache slots: they stay below n_sink + window
+        self.positions = positions
+        if positions is not None:
+            if not (isinstance(positions, torch.Tensor) and positions.shape == (B, self.end)):
+                fail(OWNER, "positions", getattr(positions, "shape", positions), f"must be a tensor [B, T + "
+                     f"max_new_tokens] = [{B}, {self.end}]: the prompt's positions, then the new tokens'")
+            model.check_positions(positions)  # the model's encodings refuse them, or their length
+        elif streaming is not None:  # positions are cache slots: they stay below n_sink + window
             model.pos.check_length(sum(streaming))
         elif not sliding_window:
             try:
@@ -270,17 +281,17 @@ class Decoding:
     def _next_logits(self) -> torch.Tensor:
         if self.streaming is not None:
             return self._streamed_logits()
-        context = self.idx  # [B, L]
-        if self.window is not None and context.shape[1] > self.window:
-            return self._last_logits(context[:, -self.window:])
+        context, length = self.idx, self.length  # [B, L]
+        if self.window is not None and length > self.window:
+            return self._last_logits(context[:, -self.window:], first=length - self.window)
         if self.cache is None:
             return self._last_logits(context)
-        if self.cache.length and self.model.pos.rotation_changes(self.filled_at, context.shape[1]):
+        if self.cache.length and self.model.pos.rotation_changes(self.filled_at, length):
             self.cache.length = 0  # cached under another rotation: re-encode everything
         if self.cache.length == 0:
-            self.filled_at = context.shape[1]
+            self.filled_at = length
         # Everything not yet cached: the whole prompt at the first step, then the last token.
-        return self._last_logits(context[:, self.cache.length:], self.cache)
+        return self._last_logits(context[:, self.cache.length:], self.cache, first=self.cache.length)
 
     def _streamed_logits(self) -> torch.Tensor:
         """Feed the tokens not yet streamed: as many as fit until the cache is full, then one at a time."""
@@ -291,8 +302,10 @@ class Decoding:
             if self.streamed == self.length:
                 return logits
 
-    def _last_logits(self, idx: torch.Tensor, cache: KVCache | StreamingCache | None = None) -> torch.Tensor:
-        hidden, _ = self.model.hidden_states(idx, cache=cache)  # [B, T, d_model]
+    def _last_logits(self, idx: torch.Tensor, cache: KVCache | StreamingCache | None = None,
+                     first: int = 0) -> torch.Tensor:
+        positions = None if self.positions is None else self.positions[:, first:first + idx.shape[1]]
+        hidden, _ = self.model.hidden_states(idx, positions, cache=cache)  # [B, T, d_model]
         return self.model.logits(hidden[:, -1]).float()  # [B, V]: only the last position is needed
 
     def _pick(self, logits: torch.Tensor) -> torch.Tensor:
@@ -314,7 +327,7 @@ def generate(model: GPT, idx: torch.Tensor, max_new_tokens: int, *, temperature:
              repetition_penalty: float = 1.0, stop_tokens: Iterable[int] | None = None,
              use_cache: bool = True, sliding_window: bool = False, streaming: tuple[int, int] | None = None,
              prune_threshold: float | None = None, generator: torch.Generator | None = None,
-             vocab_limit: int | None = None) -> torch.Tensor:
+             vocab_limit: int | None = None, positions: torch.Tensor | None = None) -> torch.Tensor:
     """idx [B, T] -> [B, T + n]: n = max_new_tokens, or fewer when every sequence picked a stop token.
 
     A sequence that stopped early is padded with its stop token repeated. See ``Decoding``.
@@ -322,7 +335,8 @@ def generate(model: GPT, idx: torch.Tensor, max_new_tokens: int, *, temperature:
     decoding = Decoding(model, idx, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                         min_p=min_p, repetition_penalty=repetition_penalty, stop_tokens=stop_tokens,
                         use_cache=use_cache, sliding_window=sliding_window, streaming=streaming,
-                        prune_threshold=prune_threshold, generator=generator, vocab_limit=vocab_limit)
+                        prune_threshold=prune_threshold, generator=generator, vocab_limit=vocab_limit,
+                        positions=positions)
     for _ in decoding:
         pass
     return decoding.idx.clone()  # cloned outside inference mode: an ordinary tensor

@@ -53,8 +53,11 @@ def _step_seconds(cfg: BenchConfig,
     steps = {}
     for label, overrides in models.items():
         torch.manual_seed(0)
+        model_cfg = dataclasses.replace(cfg.model, max_seq_len=T, rope_scaling=None, **overrides)
+        if model_cfg.abacus:  # the tokens are random: ten of them stand for the digits
+            model_cfg = dataclasses.replace(model_cfg, abacus_digits=list(range(10)))
         with device:
-            model = GPT(dataclasses.replace(cfg.model, max_seq_len=T, rope_scaling=None, **overrides)).train()
+            model = GPT(model_cfg).train()
         optimizer = optimizer_for(model, t, device)
         net = wrap_for_training(model, ddp=False, compile=False, device=device)
         steps[label] = (lambda net=net, model=model, optimizer=optimizer: optimizer_step(

@@ -20,6 +20,7 @@ from nanoattn.positional.rope_scaling import normalize_rope_scaling
 from nanoattn.validation import (
     check_bool,
     check_choice,
+    check_non_negative_int,
     check_number,
     check_positive_int,
     fail,
@@ -63,6 +64,11 @@ class ModelConfig:
     fire_mlp_width: int = 32  # FIRE: hidden width of the bias MLP
     cope_npos_max: int = 64  # CoPE: contextual positions are clipped below this
     pope_phase_bias: bool = True  # PoPE: a learned phase bias per layer, head and frequency (from 0)
+    # Abacus embeddings (McLeish et al. 2024, model/abacus.py): a learned vector for each digit's index
+    # within its number added to its token embedding, beside any pos (pos options abacus, abacus_fire...).
+    abacus: bool = False
+    abacus_max_offset: int = 100  # training shifts the digits' indices by one k uniform in [0, this]
+    abacus_digits: list[int] | None = None  # token ids of '0'..'9'; None: the trainer reads the tokenizer's
     # Llama 4's query temperature on NoPE layers: None = off; else floor_scale (Llama 4: 8192).
     temperature_floor_scale: int | None = None
     temperature_attn_scale: float = 0.1  # Llama 4's attn_scale
@@ -146,6 +152,7 @@ class ModelConfig:
         self._check_sliding_window()
         self._check_selective_attn()
         self._check_value_embeds()
+        self._check_abacus()
         self._check_output_variants()
         for name in ("attn_softcap", "logit_softcap"):
             value = getattr(self, name)
@@ -258,6 +265,18 @@ class ModelConfig:
             fail("model", "value_embeds", self.value_embeds, "must be 0 with mla_kv_rank (latent attention's "
                  "values come from its cached latent)")
 
+    def _check_abacus(self) -> None:
+        check_bool("model", "abacus", self.abacus)
+        check_non_negative_int("model", "abacus_max_offset", self.abacus_max_offset)
+        digits = self.abacus_digits
+        if digits is None:
+            return
+        valid = not isinstance(digits, str) and isinstance(digits, Sequence) and len(digits) == 10
+        if not (valid and len(set(digits)) == 10 and all(is_int(t) and 0 <= t < self.vocab_size
+                                                        for t in digits)):
+            fail("model", "abacus_digits", digits, "must be null or the 10 distinct token ids of the digits "
+                 f"0-9, each below vocab_size={self.vocab_size}")
+        self.abacus_digits = list(digits)  # a plain list (Hydra hands a ListConfig), as config.json stores it
     def _check_output_variants(self) -> None:
         """The gate, Scalable-Softmax, exclusive self-attention and canon layers (``model/gates.py``)."""
         check_choice("model", "attn_gate", self.attn_gate, ATTN_GATES)

@@ -45,6 +45,11 @@ NAMED_ENCODINGS: dict[str, Fields] = {
     # training length, as Llama 4's 8192 is its attention chunk, so it acts past the training length.
     "irope": dict(pos=["rope", "rope", "rope", "nope"], temperature_floor_scale=128,
                   temperature_attn_scale=0.1),
+    # McLeish et al. 2024: Abacus embeddings (each digit's index in its number, model.abacus) with no
+    # other position, and with FIRE or RoPE in attention, the paper's three forms.
+    "abacus": dict(pos="nope", abacus=True),
+    "abacus_fire": dict(pos="fire", abacus=True),
+    "abacus_rope": dict(pos="rope", abacus=True),
 }
 
 # Attention variants, each the ModelConfig fields that switch it on, at the labs' shape (128 tokens).

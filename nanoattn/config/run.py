@@ -13,8 +13,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from nanoattn.config.model import ModelConfig
+from nanoattn.positional import positions_refusal
 from nanoattn.runtime import DEVICES
-from nanoattn.tasks import TASKS, Task
+from nanoattn.tasks import EVAL_FACTORS, TASKS, Task
+from nanoattn.tasks.addition import HINTS
 from nanoattn.validation import (
     as_float,
     check_bool,
@@ -150,6 +152,9 @@ class TrainConfig:
     # A task run ends at the first evaluation whose exact match at 1x (fresh in-distribution instances,
     # logged as exact_1x) reaches this; null: it runs max_steps. Its last checkpoint records the value.
     stop_at_accuracy: float | None = None
+    # Ruoss et al. 2023: each training row at an ordered random sample of positions from [0, this), an L
+    # far past the training length (data/random_positions.py); evaluation uses 0..T-1. None: off.
+    random_positions: int | None = None
 
     def __post_init__(self) -> None:
         own = "train"
@@ -200,6 +205,8 @@ class TrainConfig:
         if self.stop_at_accuracy is not None:
             check_number(own, "stop_at_accuracy", self.stop_at_accuracy, "must be in (0, 1] or null",
                          lambda x: 0 < x <= 1)
+        if self.random_positions is not None:
+            check_positive_int(own, "random_positions", self.random_positions)
 
 
 @dataclass
@@ -217,7 +224,13 @@ class TaskConfig:
     # train.seed, as a paper's finite data set; null: a fresh instance for every row
     train_examples: int | None = None
     reversed_answer: bool = True  # addition: the sum written least significant digit first
+    reversed_operands: bool = False  # addition: the operands too (McLeish et al.'s format, for Abacus)
     ignore_prob: float = 0.8  # flip_flop: share of ignore instructions (sparse 0.98, dense 0.1)
+    # Cho et al. 2024 (addition, copy, reverse): tokens of one place share a position id, the model's
+    # position for them; training starts the ids at a random offset keeping them <= max_position.
+    position_coupling: bool = False
+    max_position: int | None = None  # None: 4 x train_length + 2, every id of the default evaluation's sizes
+    index_hints: bool = False  # addition (Zhou et al. 2023): each digit after a letter naming its place
 
     def __post_init__(self) -> None:
         own = "task"
@@ -238,8 +251,32 @@ class TaskConfig:
                 fail(own, "train_examples", self.train_examples,
                      f"must be null with task.curriculum_steps={self.curriculum_steps}: a fixed set has "
                      "its sizes from the start")
-        check_bool(own, "reversed_answer", self.reversed_answer)
+        for name in ("reversed_answer", "reversed_operands", "position_coupling", "index_hints"):
+            check_bool(own, name, getattr(self, name))
         check_number(own, "ignore_prob", self.ignore_prob, "must be in [0, 1)", lambda x: 0 <= x < 1)
+        self._check_places()
+
+    def _check_places(self) -> None:
+        """The options that mark a digit's place: only for the tasks that read them, one at a time."""
+        own = "task"
+        for name in ("reversed_operands", "position_coupling", "index_hints"):
+            readers = [task for task, cls in TASKS.items() if name in cls.options]
+            if getattr(self, name) and self.name not in readers:
+                where = "and task.name is null" if self.name is None else f"not {self.name}"
+                fail(own, name, True, f"applies to task {' | '.join(readers)}, {where}")
+        if self.position_coupling and self.index_hints:
+            fail(own, "index_hints", True, "must be false with position_coupling=true: two ways to mark "
+                 "places, each its own paper's")
+        if self.max_position is not None:
+            check_positive_int(own, "max_position", self.max_position)
+        elif self.position_coupling:
+            self.max_position = int(max(EVAL_FACTORS) * self.train_length) + 2
+        if self.position_coupling and self.max_position < self.train_length + 2:
+            fail(own, "max_position", self.max_position, f"must be at least train_length + 2 = "
+                 f"{self.train_length + 2}, the largest id of a training instance")
+        if self.index_hints and self.train_length + 1 > len(HINTS):
+            fail(own, "train_length", self.train_length, f"must be at most {len(HINTS) - 1} with "
+                 f"index_hints: an instance of n digits takes n + 1 of the {len(HINTS)} hint letters")
 
     def build(self) -> Task:
         """The task generator ``name`` with the options it reads."""
@@ -317,9 +354,40 @@ class RunConfig:
             if self.train.eval_interval == 0:
                 fail("train", "stop_at_accuracy", self.train.stop_at_accuracy,
                      "needs train.eval_interval > 0: the accuracy is measured at each evaluation")
+        self._check_random_positions()
+        self._check_coupling()
         if self.task.name is not None and self.train.passkey_fraction > 0:
             fail("train", "passkey_fraction", self.train.passkey_fraction,
                  "must be 0 with a task: passkey samples replace corpus rows, and a task run has none")
+
+    def _check_random_positions(self) -> None:
+        length = self.train.random_positions
+        if length is None:
+            return
+        refusal = positions_refusal(self.model)
+        if refusal is not None:
+            fail("train", "random_positions", length, f"needs encodings that take given positions: {refusal}")
+        if self.task.position_coupling:
+            fail("train", "random_positions", length, "must be null with task.position_coupling=true: both "
+                 "set the positions")
+        limit = self.model.length_limit
+        if limit is not None and length > limit:
+            fail("train", "random_positions", length, f"must be at most model.max_seq_len={limit} with "
+                 f"pos={self.model.pos!r} (its learned positions have no value past it)")
+        if self.task.name is None and length < self.seq_len:
+            fail("train", "random_positions", length, f"must be at least the training length {self.seq_len}: "
+                 "each row draws that many distinct positions")
+
+    def _check_coupling(self) -> None:
+        if not self.task.position_coupling:
+            return
+        refusal = positions_refusal(self.model)
+        if refusal is not None:
+            fail("task", "position_coupling", True, f"needs encodings that take given positions: {refusal}")
+        limit = self.model.length_limit
+        if limit is not None and self.task.max_position >= limit:
+            fail("task", "max_position", self.task.max_position, f"must be below model.max_seq_len={limit} "
+                 f"with pos={self.model.pos!r} (its learned positions have no value past it)")
 
     @property
     def seq_len(self) -> int:

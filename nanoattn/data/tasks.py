@@ -15,6 +15,10 @@ Design choices:
   held-out val split for evaluation, so evaluation filler is text the model never saw.
 - Rows are padded on the right with EOT inputs and ``IGNORE_INDEX`` targets: a causal model's
   outputs at real positions do not change, and padding costs no loss.
+- An instance with position ids (position coupling) makes its batch (x, y, positions): the
+  leading EOT and the padding at position 0, as Cho et al.'s BOS and padding. Training draws each
+  instance's training form (``Task.for_training``: a random start of its ids or hints); the
+  validation and evaluation instances are taken as drawn.
 - Every instance comes from its own RNG seeded with a few integers (``draw``): training instance
   (seed, step, micro_step, row), validation and evaluation instances their own streams. So
   ``train_batch`` is a pure function of the step like ``TokenData.train_batch`` (exact resume),
@@ -82,12 +86,14 @@ class TaskData:
                              f"{self.train_length}: its instances need {self.seq_len} (or null for that)")
         return seq_len
 
-    def draw(self, words: Sequence[int], sizes: tuple[int, int], split: str) -> Instance:
-        """The instance seeded by ``words``: a size uniform in ``sizes``, filler from ``split``."""
+    def draw(self, words: Sequence[int], sizes: tuple[int, int], split: str, train: bool = False) -> Instance:
+        """The instance seeded by ``words``: a size uniform in ``sizes``, filler from ``split``; with
+        ``train``, its training form."""
         rng = np.random.default_rng(list(words))
         size = int(rng.integers(sizes[0], sizes[1] + 1))
         filler = self.data.tokens(split) if self.task.uses_filler else None
-        return self.task.instance(rng, size, filler)
+        instance = self.task.instance(rng, size, filler)
+        return self.task.for_training(instance, rng) if train else instance
 
     def encode(self, instance: Instance) -> tuple[np.ndarray, np.ndarray]:
         """(ids, scored): int64 token ids of the row (EOT, instance, EOT) and which ids are answer."""
@@ -108,9 +114,16 @@ class TaskData:
         scored.append(np.array([True]))
         return np.concatenate(ids).astype(np.int64), np.concatenate(scored)
 
-    def rows(self, instances: Sequence[Instance],
-             width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """(x, y) int64 [len(instances), width]: inputs and answer-only targets, padded on the right.
+    def positions(self, instance: Instance, ids: np.ndarray) -> np.ndarray:
+        """int64 positions of the row ``ids`` of ``instance``: its own position ids, both EOTs at 0."""
+        if len(instance.positions) != ids.size - 2:
+            raise ValueError(f"task {self.task.name} gave {len(instance.positions)} position ids to an "
+                             f"instance of {ids.size - 2} tokens")
+        return np.array([0, *instance.positions, 0], dtype=np.int64)
+
+    def rows(self, instances: Sequence[Instance], width: int | None = None) -> tuple[torch.Tensor, ...]:
+        """(x, y) int64 [len(instances), width]: inputs and answer-only targets, padded on the right;
+        (x, y, positions) when the instances give position ids (padding at 0).
 
         ``width`` None: the longest row's inputs.
         """
@@ -118,6 +131,11 @@ class TaskData:
         width = width or max(ids.size for ids, _ in encoded) - 1
         x = torch.full((len(instances), width), self.data.eot_id, dtype=torch.int64)
         y = torch.full((len(instances), width), IGNORE_INDEX, dtype=torch.int64)
+        positioned = [instance.positions is not None for instance in instances]
+        positions = torch.zeros((len(instances), width), dtype=torch.int64) if any(positioned) else None
+        if any(positioned) and not all(positioned):
+            raise ValueError(f"task {self.task.name} gave position ids to {sum(positioned)} of "
+                             f"{len(instances)} instances of a batch: all or none")
         for row, (instance, (ids, scored)) in enumerate(zip(instances, encoded, strict=True)):
             if ids.size - 1 > width:
                 raise ValueError(f"a {self.task.name} instance of size {instance.size} has {ids.size - 1} "
@@ -125,7 +143,9 @@ class TaskData:
             targets = np.where(scored[1:], ids[1:], IGNORE_INDEX)
             x[row, :ids.size - 1] = torch.from_numpy(ids[:-1])
             y[row, :ids.size - 1] = torch.from_numpy(targets)
-        return x, y
+            if positions is not None:
+                positions[row, :ids.size - 1] = torch.from_numpy(self.positions(instance, ids)[:-1])
+        return (x, y) if positions is None else (x, y, positions)
 
     def largest_size(self, step: int) -> int:
         """The largest size drawn at ``step``: ``train_length``, or under a curriculum the stage's, the
@@ -136,18 +156,18 @@ class TaskData:
         return self.task.min_size + stages * step // self.curriculum_steps
 
     def train_batch(self, step: int, *, batch_size: int, seq_len: int, seed: int, micro_step: int = 0,
-                    rank: int = 0, world_size: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
-        """(x, y) [batch_size, seq_len]: this rank's training instances for this step."""
+                    rank: int = 0, world_size: int = 1) -> tuple[torch.Tensor, ...]:
+        """(x, y[, positions]) [batch_size, seq_len]: this rank's training instances for this step."""
         first = rank * batch_size
         words = [(TRAIN_STREAM, seed, step, micro_step, row) for row in range(first, first + batch_size)]
         if self.train_examples is not None:  # each row's pick of the fixed set
             words = [(POOL_STREAM, seed, int(np.random.default_rng(list(w)).integers(self.train_examples)))
                      for w in words]
         sizes = (self.task.min_size, self.largest_size(step))
-        return self.rows([self.draw(w, sizes, "train") for w in words], seq_len)
+        return self.rows([self.draw(w, sizes, "train", train=True) for w in words], seq_len)
 
     def val_batches(self, n_batches: int, *, batch_size: int,
-                    seq_len: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+                    seq_len: int) -> list[tuple[torch.Tensor, ...]]:
         """``n_batches`` fixed batches of instances at training sizes, filler from the held-out split."""
         sizes = (self.task.min_size, self.train_length)
         return [self.rows([self.draw((VAL_STREAM, b * batch_size + row), sizes, "val")

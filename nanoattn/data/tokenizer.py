@@ -53,6 +53,19 @@ def eot_id(tokenizer: Tokenizer) -> int:
     return found
 
 
+def digit_ids(tokenizer: Tokenizer) -> list[int]:
+    """The token ids of '0' .. '9' (what ``model.abacus`` counts): each digit must be one token that
+    decodes back to it, as in the byte and byte-level BPE tokenizers; a DataError otherwise."""
+    ids = []
+    for digit in "0123456789":
+        encoded = tokenizer.encode(digit).ids
+        if len(encoded) != 1 or tokenizer.decode(encoded) != digit:
+            raise DataError(f"model.abacus needs every digit as one token; the tokenizer makes {digit!r} "
+                            f"into {encoded} (a byte tokenizer has them all: data=shakespeare_byte)")
+        ids.append(encoded[0])
+    return ids
+
+
 def token_dtype(vocab_size: int) -> np.dtype:
     """The smallest unsigned dtype that holds every id: uint16 up to 65,536 tokens, else uint32."""
     return np.dtype(np.uint16) if vocab_size <= 2**16 else np.dtype(np.uint32)

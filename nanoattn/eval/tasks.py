@@ -36,10 +36,10 @@ from nanoattn.data.tasks import EVAL_STREAM, row_inputs
 from nanoattn.eval.tables import format_table
 from nanoattn.model import IGNORE_INDEX, check_forward_fits
 from nanoattn.runtime import autocast, autocast_dtype, check_fits
-from nanoattn.tasks import Task
+from nanoattn.tasks import EVAL_FACTORS, Task
 from nanoattn.validation import as_float, fail
 
-DEFAULT_FACTORS = (1.0, 1.5, 2.0, 3.0, 4.0)
+DEFAULT_FACTORS = EVAL_FACTORS
 DEFAULT_PER_BIN = 400
 # An instance's record as Python objects (its seed words, size and result), measured with tracemalloc:
 # the report keeps every one, and writing it takes more.
@@ -154,9 +154,9 @@ def _score_bin(model, data: TaskData, seeds: list[list[int]], sizes: tuple[int, 
     for start in range(0, len(seeds), batch_size):
         chunk = seeds[start:start + batch_size]
         instances = [data.draw(words, sizes, "val") for words in chunk]
-        x, y = data.rows(instances)
+        x, y, *positions = data.rows(instances)  # positions: when the task gives them
         with autocast(device, amp_dtype):
-            predicted = model(x.to(device)).argmax(dim=-1).cpu()
+            predicted = model(x.to(device), *(p.to(device) for p in positions)).argmax(dim=-1).cpu()
         exact, correct, scored = score_predictions(predicted, y)
         records += [{"seed": words, "size": item.size, "exact": bool(e), "correct": int(c), "scored": int(s)}
                     for words, item, e, c, s in zip(chunk, instances, exact, correct, scored, strict=True)]

@@ -74,8 +74,7 @@ def required(hf: Mapping[str, Any], key: str, where: str) -> int:
 PLAIN_ATTENTION = {"qk_norm": "none", "attn_sinks": False, "attn_softcap": None, "logit_softcap": None,
                    "sliding_window": None, "diff_attn": False, "mla_kv_rank": None, "value_embeds": 0,
                    "token_shift": False, "attn_gate": "none", "ssmax": False, "xsa": False, "canon": 0,
-                   "attn_fn": "softmax", "forget_gate": False,
-                   "selective_attn": False}
+                   "attn_fn": "softmax", "forget_gate": False, "selective_attn": False, "abacus": False}
 
 
 def shortest_cycle(values: list[Any]) -> Any:

@@ -44,7 +44,9 @@ Design:
 - The positional encoding is the layer's own (``GPT`` hands it ``pos.for_layer(layer)``) and is
   asked for what it does (``rotate``, ``scale_queries``, ``scale_keys``, ``bias``); this module
   never branches on its name. Selective attention's F is an additive bias that stands in for the
-  encoding (``selective.py``).
+  encoding (``selective.py``). Positions are [T] (consecutive, the default) or given per token,
+  [B, T], whose keys' positions the KV cache keeps (``key_positions``). The causal mask is by token
+  order, never by position: given positions may repeat or go back (position coupling).
 """
 
 from __future__ import annotations
@@ -68,6 +70,16 @@ MASK_CHUNK_ELEMENTS = 1 << 22
 # attn_kernel='auto' on CPU in bf16: up to this many keys, two bf16 matmuls and a softmax (faster
 # than SDPA's flash kernel up to here on the CPUs measured, slower from about 1024 keys).
 BF16_MATMUL_MAX_KEYS = 512
+
+
+def key_positions(positions: torch.Tensor, seq_len: int, keys: int,
+                  cache: KVCache | StreamingCache | None) -> torch.Tensor:
+    """Positions of the ``keys`` newest keys, the cached ones first, for queries at ``positions``:
+    [keys] consecutive up to seq_len - 1 for the default positions [T]; for given ones [B, T], the
+    queries' own without a cache, else the positions the cache holds for its keys [B, keys]."""
+    if positions.dim() == 1:
+        return torch.arange(seq_len - keys, seq_len, device=positions.device)
+    return positions if cache is None else cache.key_positions(keys, positions.shape[1])
 
 
 def softcap(x: torch.Tensor, cap: float | None) -> torch.Tensor:
@@ -138,7 +150,8 @@ class CausalAttention(nn.Module, abc.ABC):
         return_weights: bool = False,
         value_embed: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """x [B, T, d_model] at positions [T] = seq_len - T, ..., seq_len - 1 -> [B, T, d_model].
+        """x [B, T, d_model] at positions [T] = seq_len - T, ..., seq_len - 1, or given ones [B, T] below
+        seq_len -> [B, T, d_model].
 
         Also returns the attention weights [B, heads, T, T_k] when ``return_weights`` (slow path).
         """
@@ -159,8 +172,9 @@ class CausalAttention(nn.Module, abc.ABC):
     @abc.abstractmethod
     def _qkv(self, x, pos, positions, seq_len, cache, layer, value_embed):
         """-> q [B, H, T, Dq], k [B, Hkv, T_k, Dq], v [B, Hkv, T_k, Dv] in one dtype, and the keys'
-        positions [T_k] (the cached ones first). ``value_embed`` [B, T, Hkv * Dv] or None: the
-        value-embedding rows of this layer's tokens (ModelConfig allows them only with ``Attention``)."""
+        positions [T_k] or [B, T_k] (the cached ones first, ``key_positions``). ``value_embed``
+        [B, T, Hkv * Dv] or None: the value-embedding rows of this layer's tokens (ModelConfig allows
+        them only with ``Attention``)."""
 
     def _heads(self, q, k, v, q_positions, k_positions, pos, layer, return_weights):
         """q [B, H, Tq, D] over k [B, Hkv, Tk, D], v [B, Hkv, Tk, Dv] -> (y [B, H, Tq, Dv], the
@@ -212,7 +226,8 @@ class CausalAttention(nn.Module, abc.ABC):
             # bf16 scores where the matmuls beat SDPA, the score cap and sinks included; float32 ones
             # for the other explicit computations and for the largest logit, a measurement.
             bf16 = self.largest_logit is None and self._scores_in_bf16(q, keys - first)
-            mask = self._mask(q_chunk, k_chunk, q_positions[start:stop], k_positions[first:keys], pos, layer,
+            q_at, k_at = q_positions[..., start:stop], k_positions[..., first:keys]  # [(B,) Tq'], [(B,) Tk']
+            mask = self._mask(q_chunk, k_chunk, q_at, k_at, pos, layer,
                               torch.float32 if explicit and not bf16 else q.dtype)
             if explicit or bf16:
                 scores_dtype = q.dtype if bf16 else torch.float32
@@ -230,8 +245,13 @@ class CausalAttention(nn.Module, abc.ABC):
                 and keys <= BF16_MATMUL_MAX_KEYS)
 
     def _mask(self, q, k, q_positions, k_positions, pos, layer, dtype) -> torch.Tensor:
-        """Causal (and window) mask plus the encoding's bias: bool [Tq, Tk] or additive [(B,) H, Tq, Tk]."""
-        offset = q_positions[:, None] - k_positions[None, :]  # [Tq, Tk]: how far back each key is
+        """Causal (and window) mask plus the encoding's bias: bool [Tq, Tk] or additive [(B,) H, Tq, Tk].
+
+        The queries are the newest Tq of the Tk tokens the keys stand for (every caller's chunks end
+        at their last query's key): the mask follows token order, the bias the positions."""
+        Tq, Tk = q.shape[2], k.shape[2]
+        order = torch.arange(Tk, device=q.device)
+        offset = order[Tk - Tq:, None] - order[None, :]  # [Tq, Tk]: how many tokens back each key is
         nearest = self.score_fn.nearest  # 0: a query weighs its own key too
         allowed = offset >= nearest if self.window is None else (offset >= nearest) & (offset < self.window)
         bias = pos.bias(q, k, q_positions, k_positions, layer)
@@ -318,8 +338,8 @@ class Attention(CausalAttention):
             q, k = qk.split([H, Hkv], dim=1)  # [B, H, T, D], [B, Hkv, T, D]
             q, k = pos.scale_queries(q, positions), pos.scale_keys(k, positions)
             if cache is not None:
-                k, v = cache.update(layer, k, v)  # [B, Hkv, seq_len, D]
-            k_positions = torch.arange(seq_len - k.shape[2], seq_len, device=x.device)
+                k, v = cache.update(layer, k, v)  # [B, Hkv, T_k, D]
+            k_positions = key_positions(positions, seq_len, k.shape[2], cache)
         return q, k.to(q.dtype), v.to(q.dtype), k_positions
 
     def _heads(self, q, k, v, q_positions, k_positions, pos, layer, return_weights):

@@ -11,6 +11,11 @@ token sees besides itself: a rolling buffer, so its memory does not grow with th
 buffer is kept in position order (newest last), so attention reads keys at consecutive positions
 ending at the current one, as for a global layer.
 
+Tokens given their own positions (``GPT.forward(idx, positions)``, [B, T]) keep them: the cache
+records every token's position once, for all layers ([B, capacity] int64, made at the first such
+call), and each key is read back at its own (``key_positions``). A sequence takes one kind of
+positions throughout: default ones (the next token's is ``length``) or given ones.
+
 With FoX's forget gates (``forget_gate``) each layer also keeps every cached token's log gate per
 query head (float32), beside its key and value and in the same slots: attention sums them afresh
 over what is held, so the decay between a key and its query is the same sum of the same numbers as
@@ -68,6 +73,9 @@ class _LayerBuffers:
 
     k: list[torch.Tensor]
     v: list[torch.Tensor]
+    positions: torch.Tensor | None = None  # [B, capacity]: each token's given position, when given
+    # With abacus: the newest cached token's index in its run of digits [B], which the next may continue.
+    last_abacus: torch.Tensor | None = None
     log_gates: list[torch.Tensor]
     selection: list[torch.Tensor]
     # With token_shift: the newest cached token's embedding [B, 1, d_model], the next token's predecessor.
@@ -155,6 +163,26 @@ class KVCache(_LayerBuffers):
             raise ValueError(f"KV cache full: {self.length} cached + {new_tokens} new tokens exceed its "
                              f"capacity of {self.capacity}; size it to prompt + max_new_tokens")
 
+    def place(self, positions: torch.Tensor | None) -> None:
+        """Called before new tokens are encoded: keep their given positions [B, T] (None: the default
+        ones, from ``length`` on); a sequence cached at one kind of positions refuses the other."""
+        if self.length and (positions is None) != (self.positions is None):
+            held = "default positions, so the new tokens take them too" if self.positions is None else (
+                "given positions, so the new tokens need theirs")
+            raise ValueError(f"positions={None if positions is None else list(positions.shape)} is invalid "
+                             f"here: the KV cache holds {self.length} tokens at {held}")
+        if positions is None:
+            return
+        if self.positions is None:
+            self.positions = torch.zeros(self.k[0].shape[0], self.capacity, dtype=torch.long,
+                                         device=self.k[0].device)
+        self.positions[:, self.length:self.length + positions.shape[1]] = positions
+
+    def key_positions(self, keys: int, new_tokens: int) -> torch.Tensor:
+        """The given positions [B, keys] of the ``keys`` newest keys once ``new_tokens`` are stored."""
+        end = self.length + new_tokens
+        return self.positions[:, end - keys:end]
+
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store k, v [B, n_kv_head, T, head_dim] after the cached tokens; return the cached ones
         (every one, or a window layer's newest) followed by these, in position order."""
@@ -205,6 +233,12 @@ class StreamingCache(_LayerBuffers):
         """How many tokens to feed next, as the paper streams: a cache-full until the cache is
         full, then one at a time (each token then sees exactly the sinks and the window)."""
         return max(1, self.capacity - self.length)
+
+    def place(self, positions: torch.Tensor | None) -> None:
+        """Refuses given positions: a token's position here is its slot, which evictions move."""
+        if positions is not None:
+            raise ValueError(f"positions={list(positions.shape)} is invalid with a streaming cache: its "
+                             "tokens are at their slots in the cache, which evictions move")
 
     def make_room(self, new_tokens: int) -> None:
         """Evict the oldest non-sink tokens so that ``new_tokens`` fit after the rest."""

@@ -1,7 +1,9 @@
 """A decoder-only GPT: token embedding, pre-norm blocks, final norm, LM head.
 
 Where position enters is the positional encoding's business (see ``positional/base.py``);
-this file only hands it explicit positions. Initialisation follows GPT-2: N(0, init_std)
+this file only hands it explicit positions: 0..T-1 (after what a cache holds) unless the caller
+gives each token its own, ``positions`` [B, T], which an encoding that cannot take them refuses
+(``positions_refusal``). Initialisation follows GPT-2: N(0, init_std)
 for weights, zero biases, and residual output projections scaled by 1/sqrt(2 * n_layer)
 so the residual stream's variance does not grow with depth.
 """
@@ -15,12 +17,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from nanoattn.config import ModelConfig
+from nanoattn.model.abacus import Abacus
 from nanoattn.model.attention import Attention, softcap
 from nanoattn.model.cache import KVCache, StreamingCache
 from nanoattn.model.gates import Canon
 from nanoattn.model.latent import LatentAttention
 from nanoattn.model.layers import dropout, make_mlp, make_norm
-from nanoattn.positional import build_positional
+from nanoattn.positional import build_positional, positions_refusal
 
 # Largest float32 logits block [rows, vocab_size] that GPT.loss builds at once without autograd.
 LOSS_CHUNK_ELEMENTS = 1 << 22
@@ -63,6 +66,8 @@ class GPT(nn.Module):
         self.value_emb = nn.ModuleList(nn.Embedding(cfg.vocab_size, cfg.n_kv_head * cfg.head_dim)
                                        for _ in range(cfg.value_embeds))
         self.pos = build_positional(cfg)
+        self.abacus = Abacus(cfg) if cfg.abacus else None  # McLeish et al.'s digit indices, beside any pos
+        self.positions_refusal = positions_refusal(cfg)  # why given positions are refused; None: taken
         self.blocks = nn.ModuleList(Block(cfg, layer) for layer in range(cfg.n_layer))
         self.norm = make_norm(cfg)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
@@ -84,6 +89,7 @@ class GPT(nn.Module):
     def hidden_states(
         self,
         idx: torch.Tensor,
+        positions: torch.Tensor | None = None,
         *,
         cache: KVCache | StreamingCache | None = None,
         head_mask: torch.Tensor | None = None,
@@ -91,7 +97,8 @@ class GPT(nn.Module):
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """idx [B, T] -> (final-normed hidden states [B, T, d_model], per-layer attention weights).
 
-        With a cache, idx continues the cached tokens: its positions start at ``cache.length``.
+        With a cache, idx continues the cached tokens: its positions start at ``cache.length``, unless
+        given: ``positions`` [B, T] int64, each token's own (see ``positional/base.py``).
         ``head_mask`` [n_layer, attention_heads] multiplies each head's output (0 removes the head;
         attention_heads is n_head, or n_head / 2 with differential attention).
         """
@@ -99,13 +106,21 @@ class GPT(nn.Module):
         if cache is not None:
             cache.make_room(T)  # a streaming cache evicts here: the new tokens start after what it holds
         start = 0 if cache is None else cache.length
-        seq_len = start + T
-        self.pos.check_length(seq_len)
-        positions = torch.arange(start, seq_len, device=idx.device)  # [T]
+        if positions is None:
+            seq_len = start + T
+            self.pos.check_length(seq_len)
+        else:
+            seq_len = self.check_positions(positions, idx.shape)
+        if cache is not None:
+            cache.place(positions)
+        if positions is None:
+            positions = torch.arange(start, seq_len, device=idx.device)  # [T]
         x = self.tok_emb(idx)  # [B, T, d_model]
         if self.shift_gate is not None:
             x = self._shift_tokens(x, cache)
         x = self.pos.embed(x, positions)
+        if self.abacus is not None:
+            x = x + self.abacus(idx, cache).to(x.dtype)
         x = dropout(x, self.cfg.dropout, self.training)
         value_embeds = [table(idx) for table in self.value_emb]  # [B, T, n_kv_head * head_dim] each
         all_weights = []
@@ -117,8 +132,26 @@ class GPT(nn.Module):
             if return_weights:
                 all_weights.append(weights)
         if cache is not None:
-            cache.length = seq_len
+            cache.length = start + T
         return self.norm(x), all_weights
+
+    def check_positions(self, positions: torch.Tensor, shape: tuple[int, ...] | None = None) -> int:
+        """Given positions (for tokens idx of ``shape`` [B, T]): refused in one line unless int64, of that
+        shape, >= 0, and taken by the model's encodings at every value; returns the largest + 1 (the
+        encodings' seq_len)."""
+        given = list(positions.shape) if isinstance(positions, torch.Tensor) else positions
+        if self.positions_refusal is not None:
+            raise ValueError(f"positions={given} is invalid for this model: {self.positions_refusal}")
+        shape = positions.shape if shape is None else shape
+        if not (isinstance(positions, torch.Tensor) and positions.dtype == torch.long
+                and positions.shape == shape):
+            raise ValueError(f"positions={given} is invalid: must be an int64 tensor shaped like idx "
+                             f"{list(shape)}, one position per token")
+        low, high = torch.stack(torch.aminmax(positions)).tolist()  # one device sync
+        if low < 0:
+            raise ValueError(f"positions={given} is invalid: must be >= 0, the smallest is {low}")
+        self.pos.check_length(high + 1)
+        return high + 1
 
     def _shift_tokens(self, x: torch.Tensor, cache: KVCache | StreamingCache | None) -> torch.Tensor:
         """Token shift over the token embeddings x [B, T, d_model]. The first token's predecessor is
@@ -134,13 +167,14 @@ class GPT(nn.Module):
         logits = self.lm_head(hidden)
         return logits if self.cfg.logit_softcap is None else softcap(logits.float(), self.cfg.logit_softcap)
 
-    def forward(self, idx: torch.Tensor, *, cache: KVCache | StreamingCache | None = None,
-                head_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """idx [B, T] -> logits [B, T, vocab_size]."""
-        return self.logits(self.hidden_states(idx, cache=cache, head_mask=head_mask)[0])
+    def forward(self, idx: torch.Tensor, positions: torch.Tensor | None = None, *,
+                cache: KVCache | StreamingCache | None = None, head_mask: torch.Tensor | None = None,
+                ) -> torch.Tensor:
+        """idx [B, T] (at given positions [B, T], or 0..T-1) -> logits [B, T, vocab_size]."""
+        return self.logits(self.hidden_states(idx, positions, cache=cache, head_mask=head_mask)[0])
 
-    def loss(self, idx: torch.Tensor, targets: torch.Tensor, *, reduction: str = "mean",
-             head_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def loss(self, idx: torch.Tensor, targets: torch.Tensor, positions: torch.Tensor | None = None, *,
+             reduction: str = "mean", head_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Next-token cross-entropy in nats (mean, sum, or 'none': the per-token loss [B, T]).
 
         Targets equal to ``IGNORE_INDEX`` are skipped: their loss is 0 and the mean is over the
@@ -150,7 +184,7 @@ class GPT(nn.Module):
         """
         if reduction not in ("mean", "sum", "none"):
             raise ValueError(f"reduction={reduction!r} is invalid: allowed: mean | sum | none")
-        hidden, _ = self.hidden_states(idx, head_mask=head_mask)
+        hidden, _ = self.hidden_states(idx, positions, head_mask=head_mask)
         hidden, flat_targets = hidden.flatten(0, 1), targets.reshape(-1)  # [B * T, d_model], [B * T]
         rows = hidden.shape[0]
         if not torch.is_grad_enabled():
@@ -164,20 +198,21 @@ class GPT(nn.Module):
             return per_token.sum()
         return per_token.sum() / (flat_targets != IGNORE_INDEX).sum().clamp(min=1)
 
-    def attention_maps(self, idx: torch.Tensor, *, head_mask: torch.Tensor | None = None):
+    def attention_maps(self, idx: torch.Tensor, positions: torch.Tensor | None = None, *,
+                       head_mask: torch.Tensor | None = None):
         """(logits [B, T, V], list of attention weights [B, n_head, T, T] per layer), slow path."""
-        hidden, weights = self.hidden_states(idx, head_mask=head_mask, return_weights=True)
+        hidden, weights = self.hidden_states(idx, positions, head_mask=head_mask, return_weights=True)
         return self.logits(hidden), weights
 
     @torch.no_grad()
-    def max_attention_logit(self, idx: torch.Tensor) -> float:
+    def max_attention_logit(self, idx: torch.Tensor, positions: torch.Tensor | None = None) -> float:
         """The largest |q.k| / sqrt(d) over every layer, head, query and visible key of idx [B, T],
         before any soft-cap: the logit growth that QK-norm and soft-capping exist to bound."""
         attentions = [block.attn for block in self.blocks]
         for attn in attentions:
             attn.largest_logit = torch.zeros((), device=idx.device)
         try:  # the chunked path: memory as in evaluation, no [B, H, T, T] weights kept per layer
-            self.hidden_states(idx)
+            self.hidden_states(idx, positions)
             return max(float(attn.largest_logit) for attn in attentions)
         finally:
             for attn in attentions:

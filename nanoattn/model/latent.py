@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from nanoattn.model.attention import CausalAttention
+from nanoattn.model.attention import CausalAttention, key_positions
 from nanoattn.positional.rope import RotaryPositionalEncoding
 
 
@@ -59,7 +59,7 @@ class LatentAttention(CausalAttention):
         if cache is not None:
             latent, k_rope = cache.update(layer, latent, k_rope)  # every cached token: [B, 1, Tk, .]
         Tk = latent.shape[2]
-        k_positions = torch.arange(seq_len - Tk, seq_len, device=x.device)
+        k_positions = key_positions(positions, seq_len, Tk, cache)
         q = torch.cat([q_nope, self.rope.rotate(q_rope, positions, seq_len)], dim=-1)  # [B, H, T, D + R]
         k_nope, v = self.kv_b(latent[:, 0]).view(B, Tk, H, 2 * D).transpose(1, 2).split([D, D], dim=-1)
         k_rope = self.rope.rotate(k_rope.to(k_nope.dtype), k_positions, seq_len).expand(B, H, Tk, R)

@@ -28,11 +28,12 @@ def alibi_slopes(n_head: int) -> list[float]:
 
 class ALiBiPositionalEncoding(PositionalEncoding):
     adds_bias = True
+    takes_positions = True
 
     def __init__(self, cfg, layers) -> None:
         super().__init__(cfg, layers)
         self.register_buffer("slopes", torch.tensor(alibi_slopes(cfg.n_head)), persistent=False)
 
     def bias(self, q, k, q_positions: torch.Tensor, k_positions: torch.Tensor, layer: int) -> torch.Tensor:
-        distance = (q_positions[:, None] - k_positions[None, :]).float()  # [Tq, Tk]
-        return -self.slopes.float()[:, None, None] * distance  # [n_head, Tq, Tk]
+        distance = (q_positions[..., :, None] - k_positions[..., None, :]).float()  # [(B,) Tq, Tk]
+        return -self.slopes.float()[:, None, None] * distance.unsqueeze(-3)  # [(B,) n_head, Tq, Tk]

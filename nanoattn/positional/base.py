@@ -15,6 +15,13 @@ The defaults do nothing, so NoPE is the base class itself. Positions are explici
 tensors (absolute token indices), so training, KV-cached decoding and sliding-window
 evaluation all hand the encoding the same numbers for the same token.
 
+Positions are [T] by default, 0..T-1 (the model's ``arange``), shared by every row. A batch may
+instead give each token its own position, [B, T] (randomized positions, position coupling: the
+ids need not increase or differ, since causality is by token order, never by position); an
+encoding that reads its positions (``takes_positions``) computes the same with either shape,
+its outputs gaining a batch axis, and every other one is refused given positions in one line
+(``positions_refusal``). The [T] path is the fast one: nothing is built per row.
+
 A model may use a different encoding in each layer (``ModelConfig.pos`` as a list, see
 ``layout.py``); ``for_layer`` returns the encoding that acts in one layer. An encoding whose
 parameters differ per layer (FIRE, CoPE) is built once with ``layers``, the indices of the layers
@@ -41,6 +48,9 @@ class PositionalEncoding(nn.Module):
     adds_bias: bool = False  # True when ``bias`` returns a tensor; attention then takes the bias path
     # True when the rotation at a position depends on the sequence length (dynamic NTK, LongRoPE).
     length_dependent_rotation: bool = False
+    # True when it computes from the positions it is handed, given per-token ones [B, T] included;
+    # False (NoPE, CoPE: nothing to take) refuses given positions, which would change nothing.
+    takes_positions: bool = False
 
     def __init__(self, cfg, layers: Sequence[int]) -> None:
         """``layers``: the indices of the layers that use this encoding (every layer when uniform)."""
@@ -69,26 +79,27 @@ class PositionalEncoding(nn.Module):
         return self
 
     def embed(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Token embeddings x [B, T, d_model] at positions [T] -> the residual stream's input."""
+        """Token embeddings x [B, T, d_model] at positions [T] or [B, T] -> the residual stream's input."""
         return x
 
     def rotate(self, x: torch.Tensor, positions: torch.Tensor, seq_len: int) -> torch.Tensor:
-        """Queries and keys x [B, heads, T, head_dim] at positions [T]; seq_len = max position + 1."""
+        """Queries and keys x [B, heads, T, head_dim] at positions [T] or [B, T]; seq_len > every position."""
         return x
 
     def scale_queries(self, q: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Queries q [B, n_head, T, head_dim] after ``rotate``, at positions [T]."""
+        """Queries q [B, n_head, T, head_dim] after ``rotate``, at positions [T] or [B, T]."""
         return q
 
     def scale_keys(self, k: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Keys k [B, n_kv_head, T, head_dim] after ``rotate``, at their own positions [T]."""
+        """Keys k [B, n_kv_head, T, head_dim] after ``rotate``, at their own positions [T] or [B, T]."""
         return k
 
     def bias(self, q: torch.Tensor, k: torch.Tensor, q_positions: torch.Tensor, k_positions: torch.Tensor,
              layer: int) -> torch.Tensor | None:
         """Additive attention bias (float32) for queries q [B, n_head, Tq, D] at q_positions [Tq] over
         keys k [B, n_kv_head, Tk, D] at k_positions [Tk]: [n_head, Tq, Tk] or [B, n_head, Tq, Tk],
-        or None. Entries where a key is after its query are masked by the caller.
+        or None; per-token positions [B, Tq] and [B, Tk] give [B, n_head, Tq, Tk]. Entries where a key
+        is after its query (by token order) are masked by the caller.
         """
         return None
 

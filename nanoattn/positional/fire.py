@@ -75,18 +75,19 @@ class FIRELayer(nn.Module):
         return (self.L_scale.float() * self.init_L).abs()
 
     def normalized_distance(self, q_positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
-        """psi(i - j) / psi(max(L, i)) [Tq, Tk], float32 (keys after their query count as j = i)."""
+        """psi(i - j) / psi(max(L, i)) [(B,) Tq, Tk], float32 (keys after their query count as j = i), at
+        positions [Tq], [Tk] or per-token ones [B, Tq], [B, Tk]."""
         c = self.c.float().abs()
-        distance = (q_positions[:, None] - k_positions[None, :]).clamp(min=0).float()  # [Tq, Tk]
-        normalizer = torch.maximum(q_positions.float(), self.threshold)  # [Tq]: max(L, i)
-        return torch.log1p(c * distance) / (torch.log1p(c * normalizer)[:, None] + EPS)
+        distance = (q_positions[..., :, None] - k_positions[..., None, :]).clamp(min=0)  # [(B,) Tq, Tk]
+        distance = distance.float()
+        normalizer = torch.maximum(q_positions.float(), self.threshold)  # [(B,) Tq]: max(L, i)
+        return torch.log1p(c * distance) / (torch.log1p(c * normalizer)[..., None] + EPS)
 
     def mlp(self, x: torch.Tensor) -> torch.Tensor:
-        """f(x) for inputs x [Tq, Tk] -> [n_head, Tq, Tk], evaluated as written (the reference)."""
-        Tq, Tk = x.shape
-        hidden = torch.relu(self.w1.float() * x.reshape(1, -1) + self.b1.float()[:, None])  # [width, Tq * Tk]
-        out = torch.addmm(self.b2.float()[:, None], self.w2.float(), hidden)  # [n_head, Tq * Tk]
-        return out.view(-1, Tq, Tk)
+        """f(x) for inputs x [(B,) Tq, Tk] -> [(B,) n_head, Tq, Tk], evaluated as written (the reference)."""
+        hidden = torch.relu(self.w1.float() * x.reshape(1, -1) + self.b1.float()[:, None])  # [width, x.numel]
+        out = torch.addmm(self.b2.float()[:, None], self.w2.float(), hidden)  # [n_head, x.numel()]
+        return out.view(-1, *x.shape).movedim(0, -3)
 
     def pieces(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """f as a piecewise linear function: (switch points [width] ascending, slopes and
@@ -109,16 +110,17 @@ class FIRELayer(nn.Module):
         return points, slopes, intercepts
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """f(x) for inputs x [Tq, Tk] -> [n_head, Tq, Tk]: ``mlp`` evaluated piece by piece."""
-        Tq, Tk = x.shape
+        """f(x) for inputs x [(B,) Tq, Tk] -> [(B,) n_head, Tq, Tk]: ``mlp`` evaluated piece by piece."""
         points, slopes, intercepts = self.pieces()
-        interval = torch.searchsorted(points, x.detach().reshape(-1), right=True)  # [Tq * Tk]
-        slope = slopes.index_select(1, interval).view(-1, Tq, Tk)  # [n_head, Tq, Tk]
-        return torch.addcmul(intercepts.index_select(1, interval).view(-1, Tq, Tk), slope, x)
+        interval = torch.searchsorted(points, x.detach().reshape(-1), right=True)  # [x.numel()]
+        slope = slopes.index_select(1, interval).view(-1, *x.shape)  # [n_head, (B,) Tq, Tk]
+        bias = torch.addcmul(intercepts.index_select(1, interval).view(-1, *x.shape), slope, x)
+        return bias.movedim(0, -3)
 
 
 class FIREPositionalEncoding(PositionalEncoding):
     adds_bias = True
+    takes_positions = True
 
     def __init__(self, cfg, layers) -> None:
         super().__init__(cfg, layers)
@@ -131,4 +133,4 @@ class FIREPositionalEncoding(PositionalEncoding):
 
     def bias(self, q, k, q_positions: torch.Tensor, k_positions: torch.Tensor, layer: int) -> torch.Tensor:
         fire = self.per_layer[self.layer_slot(layer)]
-        return fire(fire.normalized_distance(q_positions, k_positions))  # [n_head, Tq, Tk]
+        return fire(fire.normalized_distance(q_positions, k_positions))  # [(B,) n_head, Tq, Tk]

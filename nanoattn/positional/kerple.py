@@ -50,11 +50,12 @@ class KERPLEPositionalEncoding(PositionalEncoding):
     """The shared part: one r1, r2 [n_head] for every layer, their range, and the distance grid."""
 
     adds_bias = True
+    takes_positions = True
     # (scale of r1's uniform init, scale of r2's), upper bound of r2 (None: unbounded)
     r1_scale: float
     r2_scale: float
     r2_max: float | None = None
-    # The subclass's kernel: (distance [Tq, Tk], r1, r2 [n_head, 1, 1]) -> bias [n_head, Tq, Tk].
+    # The subclass's kernel: (distance [(B,) 1, Tq, Tk], r1, r2 [n_head, 1, 1]) -> bias [(B,) n_head, Tq, Tk].
     kernel: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
     def __init__(self, cfg, layers) -> None:
@@ -71,9 +72,10 @@ class KERPLEPositionalEncoding(PositionalEncoding):
     def bias(self, q, k, q_positions: torch.Tensor, k_positions: torch.Tensor, layer: int) -> torch.Tensor:
         # Keys after their query are masked by the caller; clamping their distance to 0 keeps the
         # kernel (and its gradient) finite there.
-        distance = (q_positions[:, None] - k_positions[None, :]).clamp(min=0).float()  # [Tq, Tk]
+        distance = (q_positions[..., :, None] - k_positions[..., None, :]).clamp(min=0)  # [(B,) Tq, Tk]
+        distance = distance.float()
         r1, r2 = self.r1.float()[:, None, None], self.r2.float()[:, None, None]  # [n_head, 1, 1]
-        return self.kernel(distance, r1, r2)  # [n_head, Tq, Tk]
+        return self.kernel(distance.unsqueeze(-3), r1, r2)  # [(B,) n_head, Tq, Tk]
 
 
 class KERPLELogPositionalEncoding(KERPLEPositionalEncoding):

@@ -29,6 +29,7 @@ class LayerLayout(PositionalEncoding):
             name: build(name, tuple(i for i, n in enumerate(self.names) if n == name))
             for name in dict.fromkeys(self.names)})
         self.length_dependent_rotation = any(e.length_dependent_rotation for e in self.encodings.values())
+        self.takes_positions = all(e.takes_positions for e in self.encodings.values())
 
     def reset_parameters(self) -> None:
         for encoding in self.encodings.values():

@@ -15,6 +15,7 @@ from nanoattn.positional.base import PositionalEncoding
 class LearnedPositionalEncoding(PositionalEncoding):
     acts_on_embeddings = True
     learned_length = True
+    takes_positions = True
 
     def __init__(self, cfg, layers) -> None:
         super().__init__(cfg, layers)
@@ -38,4 +39,4 @@ class LearnedPositionalEncoding(PositionalEncoding):
 
     def embed(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         self.check_length(int(positions.max()) + 1)
-        return x + self.table(positions)  # [B, T, d] + [T, d]
+        return x + self.table(positions)  # [B, T, d] + [(B,) T, d]

@@ -66,6 +66,7 @@ def p_rope_kept(rotary_dim: int, rope_p: float) -> int:
 
 class RotaryPositionalEncoding(PositionalEncoding):
     rotary = True
+    takes_positions = True
 
     def __init__(self, cfg, layers, head_dim: int | None = None) -> None:
         """``head_dim``: the width of the queries and keys it rotates, when not the model's (latent
@@ -135,7 +136,8 @@ class RotaryPositionalEncoding(PositionalEncoding):
 
     def rotate(self, x: torch.Tensor, positions: torch.Tensor, seq_len: int) -> torch.Tensor:
         cos, sin = self.cos_sin(seq_len, x.device)
-        cos, sin = cos[positions].to(x.dtype), sin[positions].to(x.dtype)  # [T, rotary_dim // 2]
+        # [1 or B, 1, T, rotary_dim // 2]: shared by the heads, and by the rows unless given per token
+        cos, sin = cos[positions].to(x.dtype).unsqueeze(-3), sin[positions].to(x.dtype).unsqueeze(-3)
         if self.rotary_dim == self.head_dim:
             x1, x2 = x.chunk(2, dim=-1)  # [B, h, T, head_dim // 2] each
             return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)

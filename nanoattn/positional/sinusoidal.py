@@ -27,17 +27,17 @@ AMPLITUDE_INIT = 0.0
 
 
 def sinusoidal_table(positions: torch.Tensor, d_model: int) -> torch.Tensor:
-    """The seed formula at integer positions [T] -> [T, d_model] float32 (d_model may be odd).
+    """The seed formula at integer positions [...] -> [..., d_model] float32 (d_model may be odd).
 
     The angle is computed in float64 (MPS has none: float32 there): at position 10^4 a float32
     angle is off by ~1e-3 rad, a visible error in the table's fast dimensions.
     """
     wide = torch.float32 if positions.device.type == "mps" else torch.float64
     two_i = torch.arange(0, d_model, 2, dtype=torch.int64, device=positions.device).to(wide)  # [ceil(d/2)]
-    angle = positions.to(wide)[:, None] / torch.pow(10000.0, two_i / d_model)[None, :]  # [T, ceil(d/2)]
-    table = torch.empty(positions.numel(), d_model, device=positions.device, dtype=wide)
-    table[:, 0::2] = torch.sin(angle)
-    table[:, 1::2] = torch.cos(angle[:, : d_model // 2])
+    angle = positions.to(wide)[..., None] / torch.pow(10000.0, two_i / d_model)  # [..., ceil(d/2)]
+    table = torch.empty(*positions.shape, d_model, device=positions.device, dtype=wide)
+    table[..., 0::2] = torch.sin(angle)
+    table[..., 1::2] = torch.cos(angle[..., : d_model // 2])
     return table.float()
 
 
@@ -45,20 +45,22 @@ class SinusoidalPositionalEncoding(PositionalEncoding):
     """Vaswani et al.'s: sqrt(d_model) * embeddings + the fixed table."""
 
     acts_on_embeddings = True
+    takes_positions = True
 
     def __init__(self, cfg, layers) -> None:
         super().__init__(cfg, layers)
         self.d_model = cfg.d_model
 
     def embed(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        pe = sinusoidal_table(positions, self.d_model).to(x.dtype)  # [T, d_model]
-        return x * math.sqrt(self.d_model) + pe  # [B, T, d] + [T, d]
+        pe = sinusoidal_table(positions, self.d_model).to(x.dtype)  # [(B,) T, d_model]
+        return x * math.sqrt(self.d_model) + pe  # [B, T, d] + [(B,) T, d]
 
 
 class ScaledSinusoidalPositionalEncoding(PositionalEncoding):
     """Embeddings + one learned amplitude times the table, the amplitude started at AMPLITUDE_INIT."""
 
     acts_on_embeddings = True
+    takes_positions = True
 
     def __init__(self, cfg, layers) -> None:
         super().__init__(cfg, layers)
@@ -70,5 +72,5 @@ class ScaledSinusoidalPositionalEncoding(PositionalEncoding):
         nn.init.constant_(self.scale, AMPLITUDE_INIT)
 
     def embed(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        pe = sinusoidal_table(positions, self.d_model).to(x.dtype)  # [T, d_model]
-        return x + self.scale.to(x.dtype) * pe  # [B, T, d] + [1] * [T, d]
+        pe = sinusoidal_table(positions, self.d_model).to(x.dtype)  # [(B,) T, d_model]
+        return x + self.scale.to(x.dtype) * pe  # [B, T, d] + [1] * [(B,) T, d]

@@ -50,6 +50,7 @@ def t5_causal_bucket(distance: torch.Tensor, num_buckets: int, max_distance: int
 
 class T5PositionalEncoding(PositionalEncoding):
     adds_bias = True
+    takes_positions = True
 
     def __init__(self, cfg, layers) -> None:
         super().__init__(cfg, layers)
@@ -72,7 +73,9 @@ class T5PositionalEncoding(PositionalEncoding):
                  f"the distances from {exact} to t5_max_distance)")
 
     def bias(self, q, k, q_positions: torch.Tensor, k_positions: torch.Tensor, layer: int) -> torch.Tensor:
-        distance = (q_positions[:, None] - k_positions[None, :]).clamp(0, self.max_distance)  # [Tq, Tk]
+        distance = q_positions[..., :, None] - k_positions[..., None, :]  # [(B,) Tq, Tk]
+        distance = distance.clamp(0, self.max_distance)
         by_distance = self.table.weight.float()[self.buckets].T  # [n_head, max_distance + 1]
         # index_select, not by_distance[:, distance]: several times faster, forward and backward.
-        return by_distance.index_select(1, distance.reshape(-1)).view(-1, *distance.shape)  # [n_head, Tq, Tk]
+        bias = by_distance.index_select(1, distance.reshape(-1)).view(-1, *distance.shape)
+        return bias.movedim(0, -3)  # [n_head, (B,) Tq, Tk] -> [(B,) n_head, Tq, Tk]

@@ -99,13 +99,13 @@ class XPosPositionalEncoding(RotaryPositionalEncoding):
                 f"a larger model.xpos_scale_base (now {self.scale_base:g}) reaches further")
 
     def _factors(self, positions: torch.Tensor, sign: int) -> torch.Tensor:
-        """float32 [T, head_dim]: zeta^(sign * (n - c) / gamma) at each of positions [T]."""
+        """float32 [(B,) 1, T, head_dim]: zeta^(sign * (n - c) / gamma) at each of positions [(B,) T]."""
         rates = self._rates.get(positions.device)
         if rates is None:
             rate = self._rate.to(positions.device)
             rates = self._rates[positions.device] = (rate, -rate)
-        shift = (positions - self.offset).to(torch.float32)  # [T], exact
-        return torch.exp(shift[:, None] * rates[0 if sign > 0 else 1])
+        shift = (positions - self.offset).to(torch.float32)  # [(B,) T], exact
+        return torch.exp(shift[..., None] * rates[0 if sign > 0 else 1]).unsqueeze(-3)
 
     def _check_float16(self, positions: torch.Tensor) -> None:
         low, high = torch.stack(torch.aminmax(positions)).tolist()
@@ -119,7 +119,7 @@ class XPosPositionalEncoding(RotaryPositionalEncoding):
                 f"model.xpos_scale_base (now {self.scale_base:g})")
 
     def scale_queries(self, q: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        return q * self._factors(positions, 1).to(q.dtype)  # [B, H, T, D] * [T, D]
+        return q * self._factors(positions, 1).to(q.dtype)  # [B, H, T, D] * [(B,) 1, T, D]
 
     def scale_keys(self, k: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         if k.dtype == torch.float16:  # queries share the keys' positions in every call: checked once

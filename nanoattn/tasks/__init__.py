@@ -5,7 +5,7 @@ its scoring by length is ``nanoattn.eval.tasks``.
 """
 
 from nanoattn.tasks.addition import Addition
-from nanoattn.tasks.base import Instance, Segment, Task
+from nanoattn.tasks.base import EVAL_FACTORS, Instance, Segment, Task
 from nanoattn.tasks.copy import Copy, Reverse
 from nanoattn.tasks.counting import Counting
 from nanoattn.tasks.flip_flop import FlipFlop
@@ -16,4 +16,4 @@ from nanoattn.tasks.selective_copy import SelectiveCopy
 TASKS: dict[str, type[Task]] = {task.name: task for task in (
     Copy, Reverse, Addition, Parity, SelectiveCopy, Counting, FlipFlop, MultiKeyNeedle, VariableTracking)}
 
-__all__ = ["TASKS", "Instance", "Segment", "Task"]
+__all__ = ["EVAL_FACTORS", "TASKS", "Instance", "Segment", "Task"]

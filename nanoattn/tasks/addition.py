@@ -8,33 +8,96 @@ A run trains on up to 4 digits by default, the answer reversed, under a curricul
 digit, then up to 2 and 3, 250 steps each, then every size from 1 to 4. The steps to learn
 addition grow fast with its digits: at 4, both NoPE and RoPE learn it at 1x within the task lab's
 CPU budget, and the curriculum is what gets them there that soon (docs/tasks.md).
+
+``reversed_operands`` writes the operands least significant digit first too, McLeish et al.'s
+format, in which Abacus embeddings (``model.abacus``, counting each number's digits from its first
+written one) give one index to one significance in all three numbers.
+
+A digit's place is its significance (units: 0). Two options mark places, as their papers do:
+
+- ``position_coupling`` (Cho et al. 2024, arXiv:2405.20671): digits of one place in the operands and
+  the answer share one position id, the model's position for them. As the authors' code
+  (HanseulJo/position-coupling, ``AdditionDatasetWithCoupledPositions``) from start s = 1, with
+  n = the longer operand's digits and e = s + n + 1: a digit of place j is at e - 1 - j, ``+`` and
+  ``=`` at e (the row's leading EOT at 0). Training starts at a random s (``for_training``): the ids
+  move up by an offset uniform in [0, max_position - the instance's largest].
+- ``index_hints`` (Zhou et al. 2023, arXiv:2310.16028): every digit, in the operands and the
+  answer, is preceded by a hint letter naming its place, ``HINTS[j]`` for place j, so ``123+45=``
+  reads ``c1b2a3+b4a5=`` and its answer ``a8b6c1``. Training starts the hints at a random letter
+  (place j takes ``HINTS[h + j]``, h uniform so the instance's places fit), so the letters of longer
+  instances are trained too, as Cho et al.'s reimplementation of Zhou et al.'s hints does;
+  evaluation starts at ``a``. The hints are scored with the answer digits they precede.
 """
 
 from __future__ import annotations
 
+import string
+
 import numpy as np
 
-from nanoattn.tasks.base import Instance, Segment, Task
+from nanoattn.tasks.base import Instance, Segment, Task, shifted_positions
+
+HINTS = string.ascii_lowercase + string.ascii_uppercase  # index hints in place order: HINTS[j] names place j
 
 
 class Addition(Task):
     name = "addition"
     train_length = 4
     curriculum_steps = 1000
-    alphabet = "0123456789+="
-    options = ("reversed_answer",)
+    alphabet = "0123456789+=" + HINTS
+    options = ("reversed_answer", "reversed_operands", "position_coupling", "max_position", "index_hints")
 
-    def __init__(self, reversed_answer: bool = True) -> None:
-        self.reversed_answer = reversed_answer
+    def __init__(self, reversed_answer: bool = True, reversed_operands: bool = False,
+                 position_coupling: bool = False, max_position: int | None = None, index_hints: bool = False,
+                 ) -> None:
+        self.reversed_answer, self.reversed_operands = reversed_answer, reversed_operands
+        self.position_coupling, self.max_position = position_coupling, max_position
+        self.index_hints = index_hints
 
     def instance(self, rng: np.random.Generator, size: int, filler: np.ndarray | None = None) -> Instance:
-        a, b = (_number(rng, size) for _ in range(2))
-        total = str(int(a) + int(b))
-        answer = total[::-1] if self.reversed_answer else total
-        return Instance(size, (Segment(f"{a}+{b}="), Segment(answer, scored=True)))
+        return self.written(*(_number(rng, size) for _ in range(2)))
+
+    def written(self, a: str, b: str) -> Instance:
+        """The instance a + b (decimal text, most significant digit first) as this task writes it, with
+        its position ids (position coupling) and hints at their evaluation start."""
+        size = max(len(a), len(b))
+        if self.index_hints and size + 1 > len(HINTS):
+            raise ValueError(f"task addition with index hints: {size} digits need {size + 1} hint letters, "
+                             f"more than the {len(HINTS)} it has")
+        numbers = [self._places(n, self.reversed_operands) for n in (a, b)]
+        answer = self._places(str(int(a) + int(b)), self.reversed_answer)
+        question = [*numbers[0], ("+", None), *numbers[1], ("=", None)]
+        end = size + 2  # e = s + n + 1 with s = 1
+        positions = tuple(end if place is None else end - 1 - place for _, place in question + answer)
+        text = [self._text(tokens) for tokens in (question, answer)]
+        return Instance(size, (Segment(text[0]), Segment(text[1], scored=True)),
+                        positions if self.position_coupling else None)
+
+    @staticmethod
+    def _places(number: str, reversed_: bool) -> list[tuple[str, int]]:
+        """(digit, place) in written order: most significant first, or least with ``reversed_``."""
+        digits = [(digit, len(number) - 1 - i) for i, digit in enumerate(number)]
+        return digits[::-1] if reversed_ else digits
+
+    def _text(self, tokens: list[tuple[str, int | None]]) -> str:
+        if not self.index_hints:
+            return "".join(char for char, _ in tokens)
+        return "".join(char if place is None else HINTS[place] + char for char, place in tokens)
+
+    def for_training(self, instance: Instance, rng: np.random.Generator) -> Instance:
+        if self.position_coupling:
+            instance = shifted_positions(instance, rng, self.max_position)
+        if self.index_hints:
+            places = instance.size + 1  # places 0..size: the sum's last carry included
+            start = int(rng.integers(0, len(HINTS) - places + 1))
+            moved = str.maketrans(HINTS[:places], HINTS[start:start + places])
+            instance = Instance(instance.size, tuple(Segment(s.piece.translate(moved), s.scored)
+                                                     for s in instance.segments), instance.positions)
+        return instance
 
     def max_tokens(self, size: int) -> int:
-        return 3 * size + 3
+        digits = 3 * size + 1  # the operands' and the sum's
+        return 2 + (2 * digits if self.index_hints else digits)
 
 
 def _number(rng: np.random.Generator, digits: int) -> str:

@@ -12,6 +12,10 @@ Design choices:
   ``[min_size, L]``; evaluation draws them in bins up to 4 L. ``max_tokens(size)`` bounds the
   tokens of an instance of that size, so a batch's width is known before any instance is drawn.
 - Generators are pure functions of a NumPy ``Generator``: a seed reproduces the instance.
+- An instance may give each of its tokens a position id (``positions``: position coupling), which
+  the model then takes instead of 0..T-1; the row's leading EOT is at 0. Its training form
+  (``for_training``) may start its position ids or index hints at a random offset, so that the
+  ids or hints of longer instances are trained too; evaluation takes instances as drawn.
 """
 
 from __future__ import annotations
@@ -24,6 +28,9 @@ from typing import ClassVar
 import numpy as np
 
 Piece = str | np.ndarray  # task text, or filler token ids
+# The size factors an evaluation scores by default (nanoattn.eval.tasks): the largest sets how far
+# position ids must have been trained (position coupling's max_position).
+EVAL_FACTORS = (1.0, 1.5, 2.0, 3.0, 4.0)
 
 
 @dataclass(frozen=True)
@@ -34,10 +41,12 @@ class Segment:
 
 @dataclass(frozen=True)
 class Instance:
-    """One problem: its size and its segments in order."""
+    """One problem: its size, its segments in order, and its tokens' position ids (None: 1, 2, ...
+    after the row's leading EOT, the model's default)."""
 
     size: int
     segments: tuple[Segment, ...]
+    positions: tuple[int, ...] | None = None
 
 
 class Task(abc.ABC):
@@ -58,6 +67,18 @@ class Task(abc.ABC):
     @abc.abstractmethod
     def max_tokens(self, size: int) -> int:
         """The most tokens an instance of ``size`` has (one token a character of text)."""
+
+    def for_training(self, instance: Instance, rng: np.random.Generator) -> Instance:
+        """The form ``instance`` is trained in: its position ids or hints from a random start drawn
+        from ``rng``, for a task that has them; otherwise the instance itself."""
+        return instance
+
+
+def shifted_positions(instance: Instance, rng: np.random.Generator, max_position: int) -> Instance:
+    """``instance`` with every position id moved up by one offset uniform in [0, max_position - its
+    largest] (Cho et al.'s random start: the ids of longer instances are trained too)."""
+    shift = int(rng.integers(0, max_position - max(instance.positions) + 1))
+    return Instance(instance.size, instance.segments, tuple(p + shift for p in instance.positions))
 
 
 def symbols(rng: np.random.Generator, alphabet: str, count: int) -> str:

@@ -28,6 +28,8 @@ Design choices:
   told from one cut short at the same step (``reached_accuracy``); resumed, such a run trains no
   further unless the target was raised. The check's instances are a pure function of the step and
   the weights are exactly restored, so a resumed run stops where an uninterrupted one does.
+- A batch is (x, y), or (x, y, positions) when its data gives each token its own position
+  (position coupling, ``train.random_positions``): everything here passes the tuple on whole.
 - bf16 autocast (fp32 master weights and optimizer state) where the hardware has fast bf16:
   CUDA GPUs that support it, and CPUs with native bf16 matmul instructions, AMX (``amx_bf16``)
   or AVX512-BF16 (``avx512_bf16``), read from /proc/cpuinfo. Without them bf16 is emulated and
@@ -62,7 +64,8 @@ from nanoattn.checkpoint import (
     save_checkpoint,
 )
 from nanoattn.config import RunConfig
-from nanoattn.data import TaskData, TokenData, bits_per_byte, load_tokenizer, open_prepared
+from nanoattn.data import TaskData, TokenData, bits_per_byte, digit_ids, load_tokenizer, open_prepared
+from nanoattn.data.random_positions import RandomPositions
 from nanoattn.data.tasks import CHECK_STREAM
 from nanoattn.eval.passkey import PasskeyMix
 from nanoattn.eval.tasks import DEFAULT_PER_BIN, evaluate_task
@@ -147,7 +150,7 @@ class _Run:
         return data
 
     def _fit_vocab(self, data: TokenData) -> None:
-        """model.vocab_size follows the tokenizer: raised to it, or kept when larger (padding)."""
+        """model.vocab_size and abacus_digits follow the tokenizer: vocab raised to it or kept when larger."""
         given, need = self.cfg.model.vocab_size, data.vocab_size
         if self.t.init_from is not None:
             if given < need:
@@ -165,6 +168,8 @@ class _Run:
                      f"tokenizer's {need}")
         else:
             self.say(f"model.vocab_size={given}: the tokenizer's vocabulary")
+        if self.cfg.model.abacus and self.cfg.model.abacus_digits is None:  # a checkpoint's are kept
+            self.cfg.model = dataclasses.replace(self.cfg.model, abacus_digits=digit_ids(data.tokenizer))
 
     # ------------------------------------------------------------------ run
 
@@ -201,6 +206,8 @@ class _Run:
                 raise ValueError(f"model.max_seq_len={limit} is invalid for task {cfg.task.name}: its "
                                  f"instances need {self.seq_len} positions, and pos={cfg.model.pos!r} has "
                                  "learned ones only up to max_seq_len")
+        if t.random_positions is not None:  # Ruoss et al.: each training row at random ordered positions
+            data = RandomPositions(data, t.random_positions)
         state = load_trainer_state(ckpt) if ckpt is not None else None
         if state is not None:
             check_resumable(state, ckpt, d.world_size, t.batch_size)
@@ -245,7 +252,7 @@ class _Run:
         # Validation batches are global like training batches (batch_size x world_size rows, this
         # rank's slice), so the windows do not depend on how many processes share them.
         rows = slice(d.rank * t.batch_size, (d.rank + 1) * t.batch_size)
-        self.val = [(x[rows], y[rows]) for x, y in data.val_batches(
+        self.val = [tuple(t[rows] for t in batch) for batch in data.val_batches(
             t.eval_steps, batch_size=t.batch_size * d.world_size, seq_len=self.seq_len)]
         self.tokens_per_step = t.batch_size * t.grad_accum * d.world_size * self.seq_len
         self._describe(model, run_dir, start)
@@ -316,8 +323,8 @@ class _Run:
                 batches = [self.data.train_batch(step, batch_size=t.batch_size, seq_len=self.seq_len,
                                                  seed=t.seed, micro_step=micro, rank=d.rank,
                                                  world_size=d.world_size) for micro in range(t.grad_accum)]
-                batches = [(x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True))
-                           for x, y in batches]  # [B, T] each
+                batches = [tuple(t.to(self.device, non_blocking=True) for t in batch)
+                           for batch in batches]  # (x, y[, positions]) [B, T] each
                 losses, grad_norm = optimizer_step(self.net, self.model, self.optimizer, batches,
                                                    grad_clip=t.grad_clip, autocast=self.autocast,
                                                    ddp=d.enabled)
@@ -379,13 +386,13 @@ class _Run:
         """Mean loss over the fixed validation windows, each rank its slice of every batch."""
         self.model.eval()
         total = torch.zeros(2, dtype=torch.float64, device=self.device)  # [loss sum, batches]
-        for x, y in self.val:
+        for batch in self.val:
             with self.autocast():
-                loss = self.model.loss(x.to(self.device), y.to(self.device))
+                loss = self.model.loss(*(t.to(self.device) for t in batch))
             total += torch.stack([loss.double(), torch.ones((), dtype=torch.float64, device=self.device)])
-        x, _ = self.val[0]
+        x, _, *positions = (t.to(self.device) for t in self.val[0])
         with self.autocast():
-            largest = self.model.max_attention_logit(x.to(self.device))
+            largest = self.model.max_attention_logit(x, *positions)
         self.model.train()
         loss_sum, n = distributed.all_reduce_sum(self.dist, total).tolist()
         val_loss = loss_sum / n

@@ -52,14 +52,15 @@ def check_step_fits(cfg: RunConfig, device: torch.device) -> None:
 
 
 class LossModule(nn.Module):
-    """model.loss as a forward()."""
+    """model.loss as a forward(): a batch (x, y) or (x, y, positions), each [B, T]."""
 
     def __init__(self, model: GPT) -> None:
         super().__init__()
         self.model = model
 
-    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return self.model.loss(x, y)
+    def forward(self, x: torch.Tensor, y: torch.Tensor, positions: torch.Tensor | None = None,
+                ) -> torch.Tensor:
+        return self.model.loss(x, y, positions)
 
 
 def wrap_for_training(model: GPT, *, ddp: bool, compile: bool, device: torch.device) -> nn.Module:
@@ -73,16 +74,17 @@ def wrap_for_training(model: GPT, *, ddp: bool, compile: bool, device: torch.dev
 
 
 def optimizer_step(net: nn.Module, model: GPT, optimizer: torch.optim.Optimizer,
-                   micro_batches: Sequence[tuple[torch.Tensor, torch.Tensor]], *, grad_clip: float,
+                   micro_batches: Sequence[tuple[torch.Tensor, ...]], *, grad_clip: float,
                    autocast: Callable[[], Any], ddp: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """One update over ``micro_batches`` (x, y [B, T] each): (sum of their float32 losses, grad norm)."""
+    """One update over ``micro_batches`` ((x, y) or (x, y, positions) [B, T] each): (sum of their
+    float32 losses, grad norm)."""
     loss_sum = torch.zeros((), device=micro_batches[0][0].device)
     last = len(micro_batches) - 1
-    for i, (x, y) in enumerate(micro_batches):
+    for i, batch in enumerate(micro_batches):
         sync = net.no_sync() if ddp and i < last else contextlib.nullcontext()
         with sync:
             with autocast():
-                loss = net(x, y)
+                loss = net(*batch)
             (loss / len(micro_batches)).backward()
         loss_sum += loss.detach().float()
     # The norm is computed (and checked by the caller) even without clipping: max_norm=inf scales by 1.

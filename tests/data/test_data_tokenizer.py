@@ -7,7 +7,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from nanoattn.config import TokenizerConfig
-from nanoattn.data import EOT, DataError, load_tokenizer
+from nanoattn.data import EOT, DataError, digit_ids, load_tokenizer
 from nanoattn.data.tokenizer import UNK_CHAR, build_tokenizer, eot_id, token_dtype
 
 
@@ -48,6 +48,15 @@ def test_byte_ids_are_the_utf8_bytes():
     text = "naïve 東京 🙂\n\t\x00"
     assert tokenizer.encode(text).ids == list(text.encode())
     assert (tokenizer.get_vocab_size(), eot_id(tokenizer)) == (257, 256)
+
+
+def test_digit_ids_are_the_digits_own_tokens_or_refused(texts):
+    """What model.abacus counts: '0'..'9', one token each (the byte tokenizer's ids are the bytes)."""
+    assert digit_ids(build_tokenizer(TokenizerConfig(type="byte"), [])) == list(b"0123456789")
+    bpe = build_tokenizer(TokenizerConfig(type="bpe", vocab_size=300), texts[0])
+    assert [bpe.decode([i]) for i in digit_ids(bpe)] == list("0123456789")
+    with pytest.raises(DataError, match="^model.abacus needs every digit as one token; the tokenizer makes"):
+        digit_ids(build_tokenizer(TokenizerConfig(type="char"), ["abc\n"]))
 
 
 def test_char_maps_unseen_characters_to_the_replacement_character():

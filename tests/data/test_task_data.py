@@ -120,3 +120,46 @@ def test_a_tokenizer_without_the_tasks_characters_is_refused(tmp_path, text_conf
     assert missing, "the made-up corpus should lack some of the task's characters"
     with pytest.raises(DataError, match=r"task addition needs every character of .* as one token"):
         TaskData(char_data, TASKS["addition"](), 4)
+
+
+class Positioned:
+    """A stand-in task whose instances give position ids (10, 11, ... and the answer back at 10)."""
+
+    name, alphabet, min_size, uses_filler = "positioned", "ab>", 1, False
+
+    def instance(self, rng, size, filler=None):
+        text = "".join(np.asarray(list("ab"))[rng.integers(0, 2, size)])
+        return Instance(size, (Segment(text + ">"), Segment(text, scored=True)),
+                        positions=(*range(10, 11 + size), *range(10, 10 + size)))
+
+    def for_training(self, instance, rng):
+        shift = int(rng.integers(0, 5))
+        return Instance(instance.size, instance.segments, tuple(p + shift for p in instance.positions))
+
+    def max_tokens(self, size):
+        return 2 * size + 1
+
+
+def test_task_rows_carry_their_instances_positions(byte_data):
+    data = TaskData(byte_data, Positioned(), 3)
+    instance = data.draw((1, 2), (3, 3), "val")
+    x, y, positions = data.rows([instance], 9)
+    # EOT, abc>, ab (c, predicting the closing EOT, is no input), padding
+    assert positions.tolist() == [[0, 10, 11, 12, 13, 10, 11, 12, 0]]
+    train = data.train_batch(0, batch_size=4, seq_len=9, seed=0)
+    assert len(train) == 3 and (train[2][:, 1] >= 10).all() and len(set(train[2][:, 1].tolist())) > 1
+    assert torch.equal(train[2], data.train_batch(0, batch_size=4, seq_len=9, seed=0)[2])  # a pure function
+    val = data.val_batches(1, batch_size=2, seq_len=9)[0]
+    assert (val[2][:, 1] == 10).all()  # validation takes instances as drawn
+
+
+def test_a_coupled_row_of_123_plus_45_carries_its_ids(byte_data):
+    """The row EOT 1 2 3 + 4 5 = 8 6 1 (the last predicts the closing EOT): EOT at 0, then Cho et al.'s."""
+    task = TaskConfig(name="addition", train_length=3, position_coupling=True).build()
+    data = TaskData(byte_data, task, 3)
+    x, y, positions = data.rows([task.written("123", "45")])
+    assert x[0].tolist() == [byte_data.eot_id, *b"123+45=861"]
+    assert positions.tolist() == [[0, 2, 3, 4, 5, 3, 4, 5, 4, 3, 2]]
+    trained = data.train_batch(0, batch_size=8, seq_len=data.seq_len, seed=0)[2]
+    shifts = trained[:, 1] - 2  # a first operand's leading digit is at 2 from start 1, whatever its size
+    assert (trained[:, 0] == 0).all() and trained.max() <= task.max_position and len(set(shifts.tolist())) > 1

@@ -13,8 +13,10 @@ import torch
 from nanoattn import GPT, ModelConfig
 from nanoattn.checkpoint import save_checkpoint
 from nanoattn.commands.labs import (
+    ARITHMETIC_ROWS,
     DIGIT_FACTORS,
     LABS,
+    ArithmeticLabConfig,
     AttentionLabConfig,
     LabConfig,
     Row,
@@ -61,6 +63,16 @@ def test_the_plans_are_read_from_the_registries():
     assert [row.label for row in LABS["attention"].rows(AttentionLabConfig())] == list(ATTENTION_VARIANTS)
     assert [row.train for row in LABS["passkey"].rows(LabConfig(passkey=True))][:2] == [("pos=sinusoidal",),
                                                                                       ("pos=sinusoidal_scaled",)]
+
+
+def test_the_arithmetic_labs_rows_are_its_methods_at_its_digits():
+    rows = {row.label: row.train for row in LABS["arithmetic"].rows(ArithmeticLabConfig(digits=3))}
+    assert list(rows) == list(ARITHMETIC_ROWS)
+    assert all(train[-1] == "task.train_length=3" for train in rows.values())
+    # Randomized positions are drawn from the width of the longest row scored: 12 digits, 3 x 12 + 4.
+    assert rows["random_rope"] == ("pos=rope", "train.random_positions=40", "task.train_length=3")
+    with pytest.raises(ValueError, match="^arithmetic_lab.rows='sort' is invalid: allowed: nope \\| rope"):
+        ArithmeticLabConfig(rows=["nope", "sort"])
 
 
 def test_a_lab_publishes_every_seed_with_intervals_and_never_an_unfinished_run(prepared, tmp_path, capsys):

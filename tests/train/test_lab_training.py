@@ -8,8 +8,9 @@ import sys
 import time
 
 import pytest
+import yaml
 
-from nanoattn.commands.labs import LABS, TaskLabConfig, is_finished, run_lab, train_runs
+from nanoattn.commands.labs import LABS, ArithmeticLabConfig, TaskLabConfig, is_finished, run_lab, train_runs
 from nanoattn.logging import read_metrics
 
 
@@ -60,6 +61,27 @@ def test_the_task_lab_trains_every_pair_at_every_seed_then_publishes_its_page(tm
     assert (tmp_path / "runs" / "tasks.md").is_file() and (tmp_path / "runs" / "tasks.png").is_file()
     for seed in (0, 1):
         assert (tmp_path / "runs" / "copy" / "nope" / f"seed{seed}" / "task_eval.json").is_file()
+
+
+def test_the_arithmetic_lab_trains_its_rows_then_publishes_its_page(tmp_path, tiny_config, as_overrides,
+                                                                    trainer):
+    overrides = lab_overrides(tiny_config, as_overrides, tmp_path, "~recipe", max_steps=3)
+    cfg = ArithmeticLabConfig(rows=["abacus_fire", "coupling_ape"], digits=2, seeds=[0], train=True,
+                              per_bin=8, factors=[1, 4], runs_root=str(tmp_path / "runs"),
+                              train_overrides=overrides)
+    page = run_lab(LABS["arithmetic"], cfg, trainer)
+    rows = {row["label"]: row for row in page["rows"]}
+    assert list(rows) == ["abacus_fire", "coupling_ape"]
+    assert all(row["status"].startswith("not learned (") for row in rows.values())  # three steps
+    assert {f["better"] for f in page["findings"]} >= {"abacus_fire", "coupling_ape"}
+    assert (tmp_path / "runs" / "arithmetic.md").is_file()
+    runs = tmp_path / "runs"
+    config = yaml.safe_load((runs / "coupling_ape" / "seed0" / "config.yaml").read_text())
+    assert config["task"] | {"name": "addition", "train_length": 2, "reversed_operands": True,
+                             "position_coupling": True} == config["task"]
+    assert config["model"]["pos"] == "learned"
+    abacus = yaml.safe_load((runs / "abacus_fire" / "seed0" / "config.yaml").read_text())["model"]
+    assert abacus["abacus"] and abacus["abacus_digits"] == list(b"0123456789") and abacus["pos"] == "fire"
 
 
 def test_a_lab_interrupted_then_rerun_publishes_the_table_of_an_uninterrupted_one(tmp_path, tiny_config,

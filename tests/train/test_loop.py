@@ -279,3 +279,18 @@ def test_importing_nanoattn_imports_neither_wandb_hydra_nor_datasets():
             "print(sorted(m for m in ('wandb', 'hydra', 'datasets', 'omegaconf') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_a_run_at_random_positions_resumes_exactly(tmp_path, tiny_config, compare_runs):
+    """Ruoss et al.'s positions are drawn from seeds of the step: a resumed run draws the same ones."""
+    def config(name, **fields):
+        return tiny_config(tmp_path / name, ckpt_interval=4, schedule="constant", random_positions=256,
+                           **fields)
+
+    reference = train(config("reference", max_steps=8))
+    train(config("run", max_steps=4))
+    train(config("run", resume=True, max_steps=8))
+    compare_runs(tmp_path / "run", reference, 1e-6)
+    plain = train(tiny_config(tmp_path / "plain", ckpt_interval=4, schedule="constant", max_steps=8))
+    first = [read_metrics(run / "metrics.jsonl")[0]["train_loss"] for run in (reference, plain)]
+    assert first[0] != first[1]  # the positions reached the model

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from nanoattn.checkpoint import resolve_checkpoint
+from nanoattn.checkpoint import read_checkpoint_config, resolve_checkpoint
 from nanoattn.commands.eval_task import TaskEvalConfig, run_task, run_task_eval
 from nanoattn.config import RunConfig, TaskConfig
 from nanoattn.data import TaskData, TokenData
@@ -30,7 +30,9 @@ def test_a_tiny_model_learns_copy_at_length_8_and_the_report_re_derives_every_in
     assert in_distribution["token_accuracy"] >= 0.99 and in_distribution["exact_ci95"][0] > 0.9
     assert twice["sizes"] == [9, 16] and twice["exact"] < 0.5  # copy does not extrapolate here
     assert report["task"] == {"name": "copy", "train_length": 8, "curriculum_steps": 0,
-                              "train_examples": None, "reversed_answer": True, "ignore_prob": 0.8}
+                              "train_examples": None, "reversed_answer": True, "reversed_operands": False,
+                              "ignore_prob": 0.8, "position_coupling": False, "max_position": None,
+                              "index_hints": False}
     saved = json.loads((run / "task_eval.json").read_text())
     data = TaskData(TokenData(run_data_dir(resolve_checkpoint(run))), TaskConfig(name="copy").build(), 8)
     for record in saved["results"][1]["records"][:20]:
@@ -77,3 +79,23 @@ def test_a_learned_table_shorter_than_the_tasks_instances_is_refused_before_trai
            "task": {"name": "copy", "train_length": 8}}
     with pytest.raises(ValueError, match=r"model.max_seq_len=16 is invalid for task copy: its instances"):
         train(cfg)
+
+
+def test_an_abacus_run_reads_its_digits_from_the_tokenizer(tmp_path, tiny_config):
+    cfg = {**tiny_config(tmp_path / "abacus", model={"pos": "fire", "abacus": True, "vocab_size": 257},
+                         max_steps=2, eval_interval=0, ckpt_interval=0),
+           "task": {"name": "addition", "train_length": 3}}
+    run = train(cfg)
+    model = read_checkpoint_config(run)["model"]
+    assert model["abacus"] and model["abacus_digits"] == list(b"0123456789")  # the byte tokenizer's
+
+
+@pytest.mark.parametrize("places", [{"position_coupling": True}, {"index_hints": True},
+                                    {"reversed_operands": True}])
+def test_a_run_marking_places_trains_and_scores_every_size(tmp_path, tiny_config, places):
+    cfg = {**tiny_config(tmp_path / "run", model={"pos": "rope", "vocab_size": 257}, max_steps=3,
+                         eval_interval=3, ckpt_interval=0),
+           "task": {"name": "addition", "train_length": 3, **places}}
+    report = run_task_eval(TaskEvalConfig(ckpt=str(train(cfg)), factors=[1.0, 4.0], per_bin=8, plot=False))
+    assert all(b["exact"] is not None for b in report["results"])
+    assert report["task"] == {**report["task"], **places}

@@ -3,7 +3,8 @@
 - The extrapolation and passkey labs take every ``pos`` option
   (``nanoattn.config.options.encoding_options``), the attention lab every ``ATTENTION_VARIANTS``
   entry, the task lab the tasks and encodings it is given: the rows are read from the registries
-  when a lab runs, so a new encoding or variant is a row with no line here.
+  when a lab runs, so a new encoding or variant is a row with no line here. The arithmetic lab's
+  rows are the methods its papers compare (``ARITHMETIC_ROWS``), each a run's overrides.
 - A lab is a script (``scripts/<name>_lab.py``: its config class and entry function below) and
   an entry of ``LABS``; its runs train with ``experiment=<name>``.
 """
@@ -35,6 +36,7 @@ from nanoattn.commands.labs.driver import (
 )
 from nanoattn.config import ModelConfig, TaskConfig
 from nanoattn.config.options import ATTENTION_VARIANTS, encoding_options
+from nanoattn.data.tasks import row_inputs
 from nanoattn.eval.plots import plot_length_curves, plot_passkey, plot_tasks
 from nanoattn.eval.results import Claim
 from nanoattn.eval.runs import is_path, scaling_tag
@@ -64,6 +66,22 @@ CALIBRATIONS = ("task_budget", "addition_calibration")  # the task lab's calibra
 DIGIT_FACTORS = (1 / 3, 2 / 3, 1.0)
 # Lee et al. 2023's reported exact match on 3-digit addition with the sum reversed and 10,000 examples.
 LEE_2023_REVERSED = 1.0
+# The arithmetic lab's rows over experiment=arithmetic (addition, every number least significant digit
+# first): each the overrides of its runs. {longest} is the width of the longest row scored, the L of
+# randomized positions. Position coupling's model is the paper's: a learned table read at the coupled ids
+# and no other position ("NoPE" but for them), then RoPE rotating by them.
+ARITHMETIC_ROWS: dict[str, tuple[str, ...]] = {
+    "nope": ("pos=nope",),
+    "rope": ("pos=rope",),
+    "fire": ("pos=fire",),
+    "abacus": ("pos=abacus",),
+    "abacus_fire": ("pos=abacus_fire",),
+    "abacus_rope": ("pos=abacus_rope",),
+    "random_rope": ("pos=rope", "train.random_positions={longest}"),
+    "coupling_ape": ("pos=learned", "task.position_coupling=true"),
+    "coupling_rope": ("pos=rope", "task.position_coupling=true"),
+    "hints_nope": ("pos=nope", "task.index_hints=true"),
+}
 
 
 @dataclass
@@ -123,6 +141,41 @@ class TaskLabConfig(LabRunsConfig):
         for name in self.tasks:  # at the task's own training length, as the lab trains it
             task = TaskConfig(name=name)
             check_bins_fit(own, task.build(), task.train_length, self.factors, self.per_bin, self.batch_size)
+
+
+@dataclass
+class ArithmeticLabConfig(LabRunsConfig):
+    """Every key of ``scripts/arithmetic_lab.py``."""
+
+    owner: ClassVar[str] = "arithmetic_lab"
+    digits: int = 5  # D: training operands have up to D digits (task.train_length); scored up to 4 D
+    rows: list[str] = dataclasses.field(default_factory=lambda: list(ARITHMETIC_ROWS))  # of ARITHMETIC_ROWS
+    factors: list[float] = dataclasses.field(default_factory=lambda: list(DEFAULT_FACTORS))
+    per_bin: int = DEFAULT_PER_BIN  # instances per size bin (400: a 95% interval within +-5 points)
+    eval_seed: int = 0  # the evaluation instances' seed
+    batch_size: int = 64  # instances per forward pass
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        own = self.owner
+        check_positive_int(own, "digits", self.digits)
+        if isinstance(self.rows, str) or not isinstance(self.rows, (list, tuple)) or not self.rows:
+            fail(own, "rows", self.rows, "must be a non-empty list of names")
+        self.rows = list(self.rows)
+        for row in self.rows:
+            check_choice(own, "rows", row, tuple(ARITHMETIC_ROWS))
+        self.factors = list(check_factors(own, self.factors))
+        check_positive_int(own, "per_bin", self.per_bin)
+        check_seed(own, "eval_seed", self.eval_seed)
+        for places in ({}, {"index_hints": True}):  # the widest rows: index hints double the digits
+            task = TaskConfig(name="addition", train_length=self.digits, **places)
+            check_bins_fit(own, task.build(), self.digits, self.factors, self.per_bin, self.batch_size)
+
+
+def arithmetic_rows(cfg: ArithmeticLabConfig) -> list[Row]:
+    longest = row_inputs(TaskConfig(name="addition").build(), int(max(cfg.factors) * cfg.digits))
+    return [Row(name, name, (*(o.format(longest=longest) for o in ARITHMETIC_ROWS[name]),
+                             f"task.train_length={cfg.digits}")) for name in cfg.rows]
 
 
 def perplexity_report(cfg: LabRunsConfig, run: Path, row: Row) -> Report:
@@ -328,6 +381,30 @@ LABS: dict[str, Lab] = {lab.name: lab for lab in (
         "digits; the loss is on the answer only, theirs on every character.",
         lambda cfg: [Row("addition/learned", "addition/learned", ("task=addition", "pos=learned"))],
         addition_report, addition_cells, plot_tasks, notes=addition_notes),
+    Lab("arithmetic", "Arithmetic: positions that make addition generalize",
+        "Each row trains a small model on addition of operands up to D digits, every number written least "
+        "significant digit first (`configs/experiment/arithmetic.yaml`), with one way of telling a digit's "
+        "place (`ARITHMETIC_ROWS`), then scores exact match on fresh additions in size bins up to 4D digits. "
+        f"A row whose exact match at 1x is below {LEARNED} did not learn addition at D digits and is not "
+        "judged past it. The papers trained at 20-40 digits and tested at 100-200; here D is what the lab's "
+        "CPU budget trains, so a finding says whether the direction holds at this scale.",
+        arithmetic_rows, task_report, task_cells, plot_tasks, status=task_status, claims=(
+            # Each claim: the paper's setting, then ours (D digits trained, 4 layers, 3,400 steps).
+            Claim("McLeish et al. 2024 (Abacus)", "Abacus+FIRE beats FIRE at 4x (paper: trained on 20 "
+                  "digits, near-perfect at 100; here D digits, scored at 4D)", "exact 4x", "abacus_fire",
+                  "fire", lower_is_better=False),
+            Claim("McLeish et al. 2024 (Abacus)", "Abacus beats NoPE at 2x (paper: Abacus alone against "
+                  "NoPE, 20 digits trained)", "exact 2x", "abacus", "nope", lower_is_better=False),
+            Claim("Cho et al. 2024 (position coupling)", "coupled ids beat NoPE at 4x (paper: a 1-layer "
+                  "model, 30 digits trained, 200 tested; here 4 layers, D digits)", "exact 4x",
+                  "coupling_ape", "nope", lower_is_better=False),
+            Claim("Ruoss et al. 2023 (randomized positions)", "randomized RoPE beats RoPE at 2x (paper: "
+                  "scored at random positions too; here at 0..T-1)", "exact 2x", "random_rope", "rope",
+                  lower_is_better=False),
+            Claim("Zhou et al. 2023 (index hints)", "index hints beat plain NoPE at 2x (paper: hints as "
+                  "tokens of their own; here the letters a..Z)", "exact 2x", "hints_nope", "nope",
+                  lower_is_better=False),
+        )),
 )}
 
 
@@ -345,5 +422,10 @@ def task_lab(cfg: TaskLabConfig, trainer: Sequence[str]) -> dict[str, Any]:
     return run_lab(LABS[cfg.calibrate or "tasks"], cfg, trainer)
 
 
-__all__ = ["LABS", "AttentionLabConfig", "Lab", "LabConfig", "LabRunsConfig", "Row", "TaskLabConfig",
-           "attention_lab", "extrapolation_lab", "is_finished", "run_lab", "task_lab", "train_runs"]
+def arithmetic_lab(cfg: ArithmeticLabConfig, trainer: Sequence[str]) -> dict[str, Any]:
+    return run_lab(LABS["arithmetic"], cfg, trainer)
+
+
+__all__ = ["ARITHMETIC_ROWS", "LABS", "ArithmeticLabConfig", "AttentionLabConfig", "Lab", "LabConfig",
+           "LabRunsConfig", "Row", "TaskLabConfig", "arithmetic_lab", "attention_lab", "extrapolation_lab",
+           "is_finished", "run_lab", "task_lab", "train_runs"]
