@@ -17,12 +17,9 @@ Design choices:
 - Evaluation uses fixed validation windows (``TokenData.val_batches``), the same in every run and
   at every step; like a training batch, each of the ``eval_steps`` batches has
   batch_size x world_size rows split over the ranks, so val_loss is comparable across runs.
-- A task run (``task.name``) trains on ``TaskData``: the same ``train_batch``/``val_batches``
-  contract, one instance a row with answer-only targets, drawn from seeds of the step, so
-  resume stays exact; the row width is the task's largest training instance unless
-  ``train.seq_len`` says more. Its ``val_loss`` is the answer tokens' loss, and its evaluations
-  add ``exact_1x``: exact match on fresh instances of the 1x bin (``nanoattn.eval.tasks``), the
-  task lab's measure of a task learned.
+- What a run trains on (the corpus, or a task's instances, and their wrappers) is ``run_data``'s.
+  A task run's ``val_loss`` is the answer tokens' loss, and its evaluations add ``exact_1x``: exact
+  match on fresh instances of the 1x bin (``nanoattn.eval.tasks``), the task lab's "learned".
 - ``train.stop_at_accuracy``: a task run ends at the first evaluation whose ``exact_1x`` reaches
   it. That checkpoint records the value in its config.json, which is how a run stopped there is
   told from one cut short at the same step (``reached_accuracy``); resumed, such a run trains no
@@ -64,16 +61,15 @@ from nanoattn.checkpoint import (
     save_checkpoint,
 )
 from nanoattn.config import RunConfig
-from nanoattn.data import TaskData, TokenData, bits_per_byte, digit_ids, load_tokenizer, open_prepared
-from nanoattn.data.random_positions import RandomPositions
+from nanoattn.data import bits_per_byte
 from nanoattn.data.tasks import CHECK_STREAM
-from nanoattn.eval.passkey import PasskeyMix
 from nanoattn.eval.tasks import DEFAULT_PER_BIN, evaluate_task
 from nanoattn.logging import make_logger, note, truncate_metrics
 from nanoattn.model import GPT
 from nanoattn.runtime import autocast, autocast_dtype, exclusive_lock, pick_device, write_atomic
 from nanoattn.train import distributed
 from nanoattn.train.optim import lr_at, optimizer_for
+from nanoattn.train.run_data import training_data
 from nanoattn.train.run_dir import (
     RUN_TOKENIZER,
     check_resumable,
@@ -139,38 +135,6 @@ class _Run:
         if self.dist.is_main:
             note(text)
 
-    # ------------------------------------------------------------------ setup
-
-    def _prepare_data(self) -> TokenData:
-        if self.dist.is_main:  # one rank prepares, the others then find it up to date
-            data = open_prepared(self.cfg.data)
-        distributed.barrier(self.dist)
-        if not self.dist.is_main:
-            data = open_prepared(self.cfg.data)
-        return data
-
-    def _fit_vocab(self, data: TokenData) -> None:
-        """model.vocab_size and abacus_digits follow the tokenizer: vocab raised to it or kept when larger."""
-        given, need = self.cfg.model.vocab_size, data.vocab_size
-        if self.t.init_from is not None:
-            if given < need:
-                raise ValueError(f"train.init_from={self.t.init_from!r} has vocab_size={given}, smaller than "
-                                 f"the tokenizer of data {self.cfg.data.name!r} ({need})")
-            source = resolve_checkpoint(self.t.init_from) / "tokenizer.json"
-            data.check_tokenizer(load_tokenizer(source), source)
-            return
-        vocab = max(given, need)
-        if vocab != given:
-            self.cfg.model = dataclasses.replace(self.cfg.model, vocab_size=vocab)
-            self.say(f"model.vocab_size={vocab}: raised from {given} to the tokenizer's vocabulary")
-        elif given > need:
-            self.say(f"model.vocab_size={given}: kept, {given - need} padding rows above the "
-                     f"tokenizer's {need}")
-        else:
-            self.say(f"model.vocab_size={given}: the tokenizer's vocabulary")
-        if self.cfg.model.abacus and self.cfg.model.abacus_digits is None:  # a checkpoint's are kept
-            self.cfg.model = dataclasses.replace(self.cfg.model, abacus_digits=digit_ids(data.tokenizer))
-
     # ------------------------------------------------------------------ run
 
     def run(self) -> Path:
@@ -192,22 +156,7 @@ class _Run:
         located = locate_run(cfg.out_dir, t.resume) if d.is_main else None
         run_dir, ckpt = distributed.broadcast_object(d, located)
         run_dir = Path(run_dir)
-        data = self._prepare_data()
-        self._fit_vocab(data)
-        if t.passkey_fraction > 0:  # the passkey recipe's data mix (configs/experiment/passkey.yaml)
-            data = PasskeyMix(data, t.passkey_fraction)
-        if cfg.task.name is not None:  # a task of the suite instead of the corpus (docs/tasks.md)
-            data = TaskData(data, cfg.task.build(), cfg.task.train_length,
-                            curriculum_steps=cfg.task.curriculum_steps,
-                            train_examples=cfg.task.train_examples)
-            self.seq_len = data.check_seq_len(t.seq_len)
-            limit = cfg.model.length_limit
-            if limit is not None and self.seq_len > limit:
-                raise ValueError(f"model.max_seq_len={limit} is invalid for task {cfg.task.name}: its "
-                                 f"instances need {self.seq_len} positions, and pos={cfg.model.pos!r} has "
-                                 "learned ones only up to max_seq_len")
-        if t.random_positions is not None:  # Ruoss et al.: each training row at random ordered positions
-            data = RandomPositions(data, t.random_positions)
+        data, self.task_data, self.seq_len = training_data(cfg, d, self.say)
         state = load_trainer_state(ckpt) if ckpt is not None else None
         if state is not None:
             check_resumable(state, ckpt, d.world_size, t.batch_size)
@@ -400,15 +349,15 @@ class _Run:
             raise TrainingDiverged(f"non-finite val_loss at step {step}; the last good checkpoint is kept")
         result = {"val_loss": val_loss, "val_bpb": bits_per_byte(val_loss, self.data.bytes_per_token),
                   "max_attn_logit": largest}
-        if isinstance(self.data, TaskData):
+        if self.task_data is not None:
             result["exact_1x"] = self._exact_at_1x(step)
         return result
 
     def _exact_at_1x(self, step: int) -> float:
         """Exact match on ``DEFAULT_PER_BIN`` instances of the 1x bin drawn afresh for this step from the
         trainer's own stream. Every rank scores them all; all act on rank 0's value."""
-        (at_1x,) = evaluate_task(self.model, self.data, factors=(1.0,), per_bin=DEFAULT_PER_BIN, seed=step,
-                                 dtype=self.t.dtype, stream=CHECK_STREAM)
+        (at_1x,) = evaluate_task(self.model, self.task_data, factors=(1.0,), per_bin=DEFAULT_PER_BIN,
+                                 seed=step, dtype=self.t.dtype, stream=CHECK_STREAM)
         return distributed.broadcast_object(self.dist, at_1x["exact"])
 
     def _save(self, step: int, window: dict[str, Any], measured: dict[str, float]) -> None:

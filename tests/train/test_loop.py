@@ -114,6 +114,13 @@ def test_sigterm_checkpoints_and_the_resumed_run_equals_an_uninterrupted_one(
     compare_runs(run_dir, reference, 1e-6)
 
 
+def test_a_task_run_at_random_positions_still_checks_its_task_at_1x(tmp_path, tiny_config):
+    """The positions wrap the task's batches; the 1x check still scores the task at 0..T-1."""
+    run = train({**tiny_config(tmp_path / "run", max_steps=2, eval_interval=2, random_positions=64),
+                 "task": {"name": "parity", "train_length": 2}})
+    assert [r["step"] for r in read_metrics(run / "metrics.jsonl") if "exact_1x" in r] == [2]
+
+
 def test_a_task_run_stops_at_its_accuracy_and_a_run_killed_before_stops_there_too_when_resumed(
         tmp_path, tiny_config, monkeypatch, compare_runs):
     # Parity of 1-2 bits: the first evaluations get no answer right, later ones the format and about
