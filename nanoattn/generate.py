@@ -7,19 +7,15 @@ Design:
   position ``cache.length``. Cached decoding is the same computation as re-encoding the
   whole sequence (tests check logits and greedy tokens for every encoding and attention
   layout); ``use_cache=False`` re-encodes instead, for comparison.
-- Dynamic NTK changes the RoPE base with the length. Re-rotating cached keys would fix the
-  first layer only: deeper layers' cached keys and values were computed from hidden states
-  under the old base. So whenever the encoding says its rotation changed
-  (``rotation_changes``) the cache starts over with the whole sequence: exact, and past the
-  original length as costly as no cache (the base changes at every step there).
+- Dynamic NTK changes the RoPE base with the length, and deeper layers' cached keys were computed
+  under the old one: whenever the encoding says its rotation changed (``rotation_changes``) the
+  cache starts over with the whole sequence, exact and, past the original length, as costly as none.
 - The cache stores what the model computes in: the autocast dtype under autocast, else the
   parameters' dtype.
-- Encodings defined at any length (sinusoidal, RoPE and its scalings, ALiBi, NoPE) decode
-  past ``max_seq_len``. The model's own ``check_length`` decides, before the first step,
-  whether prompt + max_new_tokens is defined (a learned table is not past its size); this
-  module never branches on the encoding's name. ``sliding_window=True`` instead re-encodes the
-  last ``max_seq_len`` tokens without a cache once the sequence is longer: one full forward of
-  max_seq_len tokens per new token.
+- The model's own ``check_length`` decides, before the first step, whether prompt +
+  max_new_tokens is defined (a learned table is not past its size); this module never branches
+  on the encoding's name. ``sliding_window=True`` instead re-encodes the last ``max_seq_len``
+  tokens without a cache once the sequence is longer.
 - Given positions (``positions`` [B, T + max_new_tokens], known in advance from the task's
   structure) go to the model with each step's tokens; the cache keeps each key's own.
 - Logits become a token in a fixed order, as in transformers: repetition penalty (CTRL),
@@ -54,9 +50,6 @@ OWNER = "generate"
 def _is_real(value: Any) -> bool:
     """A finite int or float, not a bool: what the sampling arithmetic takes (no numeric strings)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-# ----------------------------------------------------------------------------- logit filters
 
 
 def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
@@ -99,10 +92,8 @@ LOGIT_FILTERS: dict[str, LogitFilter] = {
 def sample_categorical(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
     """One index per row of probs [B, V] (rows summing to 1), drawn by inverting the CDF.
 
-    Exact like ``torch.multinomial`` and faster on CPU: for 2,048 tokens 26 vs 72 us at batch 1
-    and 69 vs 507 us at batch 8 here (torch 2.13, one thread). The draw is kept strictly below
-    the CDF's top, so the first CDF entry above it always belongs to a token with probability
-    > 0: a filtered-out token is never picked, even when float64 rounding puts the draw there.
+    Exact like ``torch.multinomial`` and faster on CPU. The draw stays strictly below the CDF's top,
+    so a filtered-out token is never picked, even when float64 rounding puts the draw there.
     """
     cdf = probs.double().cumsum(dim=-1)  # [B, V]
     total = cdf[:, -1:]  # [B, 1]
@@ -118,9 +109,6 @@ def apply_repetition_penalty(logits: torch.Tensor, idx: torch.Tensor, penalty: f
     return logits.scatter(-1, idx, torch.where(seen > 0, seen / penalty, seen * penalty))
 
 
-# ----------------------------------------------------------------------------- decoding
-
-
 def compute_dtype(model: GPT, device: torch.device) -> torch.dtype:
     """The dtype activations come out of the model's matmuls in: autocast's, else the weights'."""
     if torch.is_autocast_enabled(device.type):
@@ -130,8 +118,7 @@ def compute_dtype(model: GPT, device: torch.device) -> torch.dtype:
 
 @contextlib.contextmanager
 def _eval_mode(model: GPT):
-    """Dropout off while decoding, the caller's mode back after; free when already in eval mode
-    (switching walks every module, a visible cost per token for a tiny model)."""
+    """Dropout off while decoding, the caller's mode back after (a no-op when already in eval mode)."""
     training = model.training
     if training:
         model.eval()
@@ -150,17 +137,15 @@ class Decoding:
     stream of any length. Tokens are encoded a cache-full at a time until the cache is full, then
     one at a time, as the paper does.
 
+    ``prune_threshold`` (selective attention only): context pruning, the keys whose accumulated
+    selection F passes it are dropped from the cache for every later token (``model/selective.py``).
+    ``positions`` [B, T + max_new_tokens] int64: each token's own position, if not 0, 1, 2, ...
+
     ``idx`` is the prompt plus what was decoded so far, ``finished`` [B] marks sequences that
     picked a stop token, ``last_logits`` [B, V] float32 are the model's logits of the last step
-    (before any penalty or filter), ``kv_cache_bytes`` is the cache's size (0 without one).
-
-    ``prune_threshold`` (selective attention only): context pruning, the keys whose accumulated
-    selection F passes it are dropped from the cache for every later token (``model/selective.py``);
-    ``pruned_kv_bytes`` is what they held.
-    These are inference tensors (made under ``torch.inference_mode``): clone them outside it
-    before autograd sees them.
-
-    ``positions`` [B, T + max_new_tokens] int64: each token's own position, if not 0, 1, 2, ...
+    (before any penalty or filter), ``kv_cache_bytes`` is the cache's size (0 without one) and
+    ``pruned_kv_bytes`` what pruning dropped from it. These are inference tensors: clone them
+    outside ``torch.inference_mode`` before autograd sees them.
     """
 
     @torch.inference_mode()

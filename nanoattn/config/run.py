@@ -216,12 +216,10 @@ class TaskConfig:
     name: str | None = None  # None: language modelling on data; else a task of nanoattn.tasks.TASKS
     # L: training instances have sizes drawn uniformly in [the task's min_size, L]; None: the task's own
     train_length: int | None = None
-    # A curriculum: the largest training size grows from min_size to L in equal stages over the first
-    # this many steps (sizes uniform up to the stage's); 0: every size from the first step; None: the
-    # task's own
+    # A curriculum: the largest size grows from min_size to L in equal stages over the first this many
+    # steps; 0: every size from the first step; None: the task's own
     curriculum_steps: int | None = None
-    # A fixed training set: rows are drawn (with replacement) from this many instances seeded by
-    # train.seed, as a paper's finite data set; null: a fresh instance for every row
+    # A fixed training set of this many instances seeded by train.seed (rows drawn with replacement)
     train_examples: int | None = None
     reversed_answer: bool = True  # addition: the sum written least significant digit first
     reversed_operands: bool = False  # addition: the operands too (McLeish et al.'s format, for Abacus)
