@@ -2,10 +2,11 @@
 
 ``analyze_heads`` loads the run and its data (``nanoattn.eval.runs.load_for_eval``: the run's
 data folder, the checkpoint's tokenizer), takes evenly spaced validation windows, measures
-(``nanoattn.eval.heads``), draws (``nanoattn.eval.plots``) and writes heads.json, then prints
-the per-head and pruning tables. Its folder defaults to ``<run>/heads/<checkpoint>``, beside the
-checkpoints and never inside one (pruning deletes checkpoints); a folder's heads.json and figures
-are replaced only when they are an earlier analysis (``nanoattn.runtime.check_output``).
+(``nanoattn.eval.heads``, ``nanoattn.eval.variant_heads``), draws (``nanoattn.eval.plots``) and
+writes heads.json, then prints the per-head and pruning tables. Its folder defaults to
+``<run>/heads/<checkpoint>``, beside the checkpoints and never inside one (pruning deletes
+checkpoints); a folder's heads.json and figures are replaced only when they are an earlier analysis
+(``nanoattn.runtime.check_output``).
 """
 
 from __future__ import annotations
@@ -34,7 +35,6 @@ from nanoattn.eval.heads import (
     heads_table,
     pruning_curve,
     pruning_table,
-    variant_statistics,
 )
 from nanoattn.eval.plots import (
     plot_attention_grid,
@@ -44,6 +44,7 @@ from nanoattn.eval.plots import (
     token_labels,
 )
 from nanoattn.eval.runs import CheckpointEvalConfig, is_path, load_for_eval, write_report
+from nanoattn.eval.variant_heads import variant_statistics
 from nanoattn.runtime import check_fits, check_output, json_object_with
 from nanoattn.validation import check_choice, check_positive_int, declared_defaults, fail, largest_departure
 

@@ -4,9 +4,10 @@ The package exports each module's main entry points; the finer parts (a head's k
 attention maps, the head and pruning tables) are imported from their module.
 
 ``length`` (perplexity past the training length), ``passkey`` (retrieval, and the training mix),
-``heads`` (what each head does, importance, pruning), ``compare`` (length reports side by side);
-``runs`` loads a run's model and data and names its report files, ``tables`` and ``plots`` draw
-them. The command lines around them (configs, printing) are ``nanoattn.commands``.
+``heads`` (what each head does, importance, pruning), ``variant_heads`` (what an attention
+variant's own pieces do), ``compare`` (length reports side by side); ``runs`` loads a run's model
+and data and names its report files, ``tables`` and ``plots`` draw them. The command lines around
+them (configs, printing) are ``nanoattn.commands``.
 """
 
 from nanoattn.eval.compare import length_table, load_report
@@ -18,7 +19,6 @@ from nanoattn.eval.heads import (
     mean_loss,
     prune_heads,
     pruning_curve,
-    variant_statistics,
 )
 from nanoattn.eval.length import (
     LengthResult,
@@ -33,6 +33,7 @@ from nanoattn.eval.passkey import PasskeyMix, evaluate_passkey, passkey_summary_
 from nanoattn.eval.plots import plot_length_curves, plot_passkey
 from nanoattn.eval.runs import load_for_eval, run_data_dir
 from nanoattn.eval.tables import format_table, write_table
+from nanoattn.eval.variant_heads import variant_statistics
 
 __all__ = ["ablation_importance", "delimiter_ids", "gradient_importance", "head_statistics", "mean_loss",
            "prune_heads", "pruning_curve", "variant_statistics",

@@ -22,26 +22,17 @@ Design choices:
   removal) and masks the k lowest, over all heads ("global") or the same number in every layer.
 - In GQA/MQA a mask removes one query head's output; the K/V head it shares keeps serving the
   other query heads of its group.
-- Variants with a statistic of their own get it from ``variant_statistics``, read off forward
-  hooks on the variant's pieces (``model/gates.py``) during the fast path or off its parameters:
-  the output gate's mean value per head and the share of heads it keeps near 0, Scalable-Softmax's
-  learned s and its factor at the windows' length, the share of each head's output that exclusive
-  self-attention removes, the canon taps by distance. Selective attention masks keys for a whole
-  layer, so its statistic is the layer's (``selective_pruning``), read off a KV cache that prunes
-  at ``SELECTIVE_PRUNE_F``: the fraction of a window's tokens the last query no longer sees, the
-  K/V bytes that frees, and the mean share 1 - exp(-F) of a token's unnormalised weight that F
-  takes from the next query (0: nothing masked, 1: everything).
 - Score functions other than softmax (``attn_fn``) give weights that need not sum to 1:
   ``weight_sum`` is sigmoid attention's row sum and ``sink_mass`` what no key got, stick-breaking's
   stick left over. FoX's forget gates (``forget_gate``) are read off each gate's output during the
   same pass (a forward hook): ``forget_span`` counts the keys the decay leaves above 1/e.
-- This module measures a model on batches; the figures are ``plots.py``, and loading a run,
-  choosing its windows and writing heads.json is ``nanoattn.commands.analyze_heads``.
+- This module measures a model on batches; what a variant's own pieces do (gates, selection) is
+  ``variant_heads.py``, the figures are ``plots.py``, and loading a run, choosing its windows and
+  writing heads.json is ``nanoattn.commands.analyze_heads``.
 """
 
 from __future__ import annotations
 
-import math
 import operator
 import unicodedata
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -51,7 +42,7 @@ from typing import Any
 import torch
 
 from nanoattn.eval.tables import format_table
-from nanoattn.model import GPT, KVCache
+from nanoattn.model import GPT
 from nanoattn.validation import check_choice, check_positive_int, fail
 
 # The first query the statistics average over; queries 0 and 1 see fewer than three distinct keys.
@@ -66,11 +57,6 @@ DELIMITER_MASS = 0.5
 LOCAL_MAX_OFFSET = 4.0
 # "broad": entropy / ln(keys the query sees) at least this; 1 is uniform over the whole prefix.
 BROAD_MIN_ENTROPY = 0.6
-# attn_gate: a head whose gate averages below this is counted as switched off (its output mostly 0).
-GATE_NEAR_ZERO = 0.1
-# Selective attention: a key counts as masked once its F passes ln 100, when F has cut its unnormalised
-# weight to a hundredth; the paper tunes memory budgets per layer instead.
-SELECTIVE_PRUNE_F = math.log(100.0)
 KINDS = ("first_token", "previous_token", "current_token", "delimiter", "local", "broad", "mixed")
 PRUNE_SCOPES = ("global", "layer")
 STATISTICS = ("entropy", "normalized_entropy", "mean_offset", "prev_token_mass", "first_token_mass",
@@ -116,7 +102,7 @@ def check_head(model: GPT, pair: Sequence[int], owner: str | None = None) -> tup
 @torch.no_grad()
 def mean_loss(model: GPT, batches: Sequence[Batch], head_mask: torch.Tensor | None = None) -> float:
     """Mean next-token loss in nats over every target of ``batches``."""
-    _check_batches(batches)
+    check_batches(batches)
     total, count = 0.0, 0
     for x, y in batches:
         total += float(model.loss(x, y, reduction="sum", head_mask=head_mask))
@@ -208,7 +194,7 @@ def classify_head(stats: Mapping[str, float]) -> str:
 @torch.no_grad()
 def head_statistics(model: GPT, batches: Sequence[Batch], delimiters: Iterable[int] = ()) -> list[dict]:
     """One record per head, layer-major: layer, head, kv_group, kind and the mean ``STATISTICS``."""
-    _check_batches(batches)
+    check_batches(batches)
     cfg = model.cfg
     sums = torch.zeros(len(STATISTICS), cfg.n_layer, cfg.attention_heads, dtype=torch.float64)
     delimiter_set = torch.tensor(sorted(set(delimiters)), dtype=torch.int64)
@@ -233,76 +219,6 @@ def head_statistics(model: GPT, batches: Sequence[Batch], delimiters: Iterable[i
     return records
 
 
-@torch.no_grad()
-def variant_statistics(model: GPT, batches: Sequence[Batch]) -> dict[str, dict[str, Any]]:
-    """The own statistic of each variant the model uses, by name ({} for none); per head and layer
-    as lists [n_layer][heads], averaged like ``head_statistics`` over queries ``FIRST_QUERY``..
-
-    - ``attn_gate``: ``mean_gate`` (each head's gate averaged over its channels), its ``mean`` and
-      ``near_zero``, the fraction of heads whose mean gate is below ``GATE_NEAR_ZERO``;
-    - ``ssmax``: the learned ``s`` per query head and ``factor``, s log n at the windows' last query;
-    - ``xsa``: ``removed`` per query head, cos^2 between each output y_i and the token's value v_i:
-      the share of |y_i|^2 that the exclusion takes out; and its ``mean``;
-    - ``canon``: ``taps``, the mean |weight| per layer at distance 0 (the token), 1, ... back;
-    - ``selective_attn``: ``selective_pruning`` at ``SELECTIVE_PRUNE_F``.
-    """
-    _check_batches(batches)
-    cfg, seq_len = model.cfg, batches[0][0].shape[1]
-    attentions = [block.attn for block in model.blocks]
-    sums = {"gate": torch.zeros(cfg.n_layer, cfg.attention_heads, dtype=torch.float64),
-            "removed": torch.zeros(cfg.n_layer, cfg.n_head, dtype=torch.float64)}
-    q = slice(FIRST_QUERY, None)
-
-    def gate_hook(layer: int):
-        def hook(module, args, logits):  # logits [B, T, heads or heads * Dv]
-            B, T, _ = logits.shape
-            gates = torch.sigmoid(logits.float()).view(B, T, cfg.attention_heads, -1).mean(-1)  # [B, T, H]
-            sums["gate"][layer] += gates[:, q].sum((0, 1)).double().cpu()
-        return hook
-
-    def removed_hook(layer: int):
-        def hook(module, args, out):
-            y, v = (t.float() for t in args)  # [B, H, T, Dv], [B, Hkv, T, Dv]
-            B, H, T, Dv = y.shape
-            grouped = y.reshape(B, v.shape[1], -1, T, Dv)
-            along = (grouped * torch.nn.functional.normalize(v, dim=-1)[:, :, None]).sum(-1)  # [B, Hkv, G, T]
-            share = (along.square() / grouped.square().sum(-1).clamp(min=1e-30)).reshape(B, H, T)
-            sums["removed"][layer] += share[..., q].sum((0, 2)).double().cpu()
-        return hook
-
-    hooks = []
-    for layer, attn in enumerate(attentions):
-        if attn.output_gate is not None:
-            hooks.append(attn.output_gate.proj.register_forward_hook(gate_hook(layer)))
-        if attn.exclude_self is not None:
-            hooks.append(attn.exclude_self.register_forward_hook(removed_hook(layer)))
-    queries = 0
-    try:
-        for x, _ in batches if hooks else ():
-            model.hidden_states(x)
-            queries += x.shape[0] * (x.shape[1] - FIRST_QUERY)
-    finally:
-        for handle in hooks:
-            handle.remove()
-    stats: dict[str, dict[str, Any]] = {}
-    if cfg.attn_gate != "none":
-        gate = sums["gate"] / queries
-        stats["attn_gate"] = {"mean_gate": gate.tolist(), "mean": float(gate.mean()),
-                              "near_zero": float((gate < GATE_NEAR_ZERO).double().mean())}
-    if cfg.ssmax:
-        last = torch.tensor([seq_len - 1], device=batches[0][0].device)
-        stats["ssmax"] = {"s": [attn.ssmax.s.tolist() for attn in attentions],
-                          "factor": [(attn.ssmax.s * attn.ssmax.keys_seen(last).float().log()).tolist()
-                                     for attn in attentions]}
-    if cfg.xsa:
-        removed = sums["removed"] / queries
-        stats["xsa"] = {"removed": removed.tolist(), "mean": float(removed.mean())}
-    if cfg.canon:
-        stats["canon"] = {"taps": [block.canon.weight.abs().mean(0).flip(0).tolist()
-                                   for block in model.blocks]}
-    if cfg.selective_attn:
-        stats["selective_attn"] = selective_pruning(model, batches)
-    return stats
 @contextmanager
 def recorded_forget_gates(model: GPT) -> Iterator[dict[int, torch.Tensor]]:
     """Within it, each forward pass of ``model`` records the cumulative log forget gates [B, n_head, T]
@@ -316,36 +232,6 @@ def recorded_forget_gates(model: GPT) -> Iterator[dict[int, torch.Tensor]]:
     finally:
         for handle in handles:
             handle.remove()
-
-
-@torch.no_grad()
-def selective_pruning(model: GPT, batches: Sequence[Batch],
-                      threshold: float = SELECTIVE_PRUNE_F) -> dict[str, Any]:
-    """A selective-attention model over the windows of ``batches``, lists per layer: ``pruned_fraction``,
-    the share of a window's tokens whose F has passed ``threshold`` by its end (context pruning drops
-    them), ``pruned_kv_bytes`` per window, what dropping them frees, and ``masked_mass``, the mean of
-    1 - exp(-F) over the window's tokens for the query after it; ``mean``, the pruned fraction over
-    the layers, and the ``threshold``."""
-    _check_batches(batches)
-    cfg = model.cfg
-    if not cfg.selective_attn:
-        fail("model", "selective_attn", cfg.selective_attn, "must be true for selective_pruning: the model "
-             "has no selection to prune by")
-    pruned, freed, mass = (torch.zeros(cfg.n_layer, dtype=torch.float64) for _ in range(3))
-    tokens, windows = 0, 0
-    for x, _ in batches:
-        B, T = x.shape
-        cache = KVCache(cfg, B, T, device=x.device, dtype=model.tok_emb.weight.dtype,
-                        prune_threshold=threshold)
-        model.hidden_states(x, cache=cache)
-        pruned += torch.tensor(cache.pruned_tokens(), dtype=torch.float64)
-        freed += torch.tensor(cache.pruned_bytes(), dtype=torch.float64)
-        mass += torch.stack([(1 - torch.exp(-sums)).sum().double().cpu() for sums in cache.selection])
-        tokens, windows = tokens + B * T, windows + B
-    fraction = pruned / tokens
-    return {"threshold": float(threshold), "pruned_fraction": fraction.tolist(),
-            "pruned_kv_bytes": (freed / windows).tolist(), "masked_mass": (mass / tokens).tolist(),
-            "mean": float(fraction.mean())}
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -365,7 +251,7 @@ def ablation_importance(model: GPT, batches: Sequence[Batch]) -> torch.Tensor:
 
 def gradient_importance(model: GPT, batches: Sequence[Batch]) -> torch.Tensor:
     """Michel et al. 2019's proxy |dL/d head_mask| at head_mask = 1, averaged over batches."""
-    _check_batches(batches)
+    check_batches(batches)
     total = torch.zeros(model.cfg.n_layer, model.cfg.attention_heads, dtype=torch.float64)
     with torch.enable_grad():
         for x, y in batches:
@@ -423,7 +309,8 @@ def pruning_curve(model: GPT, batches: Sequence[Batch], importance: torch.Tensor
     return rows
 
 
-def _check_batches(batches: Sequence[Batch]) -> None:
+def check_batches(batches: Sequence[Batch]) -> None:
+    """A one-line ValueError for no batches: every measurement of a model averages over them."""
     if not batches:
         raise ValueError("batches is empty: head analysis needs at least one (x, y) validation batch")
 

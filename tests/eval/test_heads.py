@@ -33,7 +33,6 @@ from nanoattn.data.tokenizer import build_tokenizer
 from nanoattn.eval.heads import (
     BROAD_MIN_ENTROPY,
     FIRST_QUERY,
-    GATE_NEAR_ZERO,
     LOCAL_MAX_OFFSET,
     POSITIONAL_MASS,
     ablation_importance,
@@ -47,10 +46,10 @@ from nanoattn.eval.heads import (
     prune_heads,
     pruning_curve,
     query_statistics,
-    variant_statistics,
 )
 from nanoattn.eval.plots import plot_attention_grid, plot_attention_head
 from nanoattn.eval.runs import load_for_eval, run_data_dir
+from nanoattn.eval.variant_heads import GATE_NEAR_ZERO, variant_statistics
 from nanoattn.positional import REGISTRY
 from nanoattn.validation import from_dict
 

@@ -17,7 +17,7 @@ import torch
 from x_transformers.attend import selective_attn
 
 from nanoattn import GPT, KVCache, ModelConfig, generate
-from nanoattn.eval.heads import SELECTIVE_PRUNE_F, selective_pruning, variant_statistics
+from nanoattn.eval.variant_heads import SELECTIVE_PRUNE_F, selective_pruning, variant_statistics
 from nanoattn.generate import Decoding
 from nanoattn.model import Attention
 from nanoattn.model import attention as attention_module
