@@ -1037,6 +1037,59 @@ def token_shift_written_out() -> float:
         return difference(shifted(idx), expected)
 
 
+DIGITS = list(range(10))  # the digits' token ids; tokens drawn from 0-13, so most runs are several long
+
+
+def abacus_indices(row: list[int], k: int) -> list[int]:
+    """McLeish et al. 2024: each digit's index within its number, 1 at the number's first written digit,
+    plus the offset k; 0 for every other token."""
+    indices, run = [], 0
+    for token in row:
+        run = run + 1 if token in DIGITS else 0
+        indices.append(run + k if run else 0)
+    return indices
+
+
+def abacus_written_out(name: str) -> float:
+    """Option ``name``'s model with its abacus table drawn N(0, 1), and the model of its ``pos`` without
+    the abacus (the same weights) with a hook rewriting each token's embedding to E[token] + A[i]: the
+    logits at evaluation (k = 0), and in training over 3 forward passes, each row against the k in
+    [0, abacus_max_offset] whose logits are nearest (the paper's one offset for every index of a row)."""
+    torch.manual_seed(0)
+    fields = dict(vocab_size=40, d_model=32, n_layer=2, n_head=4, n_kv_head=2, max_seq_len=24,
+                  abacus_max_offset=4, abacus_digits=DIGITS, **encoding_options()[name])
+    abacus = GPT(ModelConfig(**fields))
+    plain = GPT(ModelConfig(**{**fields, "abacus": False}))
+    plain.load_state_dict(abacus.state_dict(), strict=False)
+    idx = torch.randint(0, 14, (2, 24), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        abacus.abacus.table.weight.normal_()  # rows far apart, so an index off by one shows
+        table = abacus.abacus.table.weight.clone()
+
+    def logits(k: int, training: bool) -> torch.Tensor:
+        index = torch.tensor([abacus_indices(row, k) for row in idx.tolist()])
+        hook = plain.tok_emb.register_forward_hook(lambda module, inputs, e: e + table[index])
+        try:
+            return plain.train(training)(idx)
+        finally:
+            hook.remove()
+
+    with torch.no_grad():
+        expected = logits(0, training=False)
+        acts(expected, plain.eval()(idx), "the abacus")
+        worst, offsets = difference(abacus.eval()(idx), expected), set()
+        candidates = [logits(k, training=True) for k in range(fields["abacus_max_offset"] + 1)]
+        for seed in range(3):
+            torch.manual_seed(seed)
+            ours = abacus.train()(idx)
+            for b in range(len(idx)):
+                nearest, k = min((difference(ours[b], c[b]), k) for k, c in enumerate(candidates))
+                worst, offsets = max(worst, nearest), offsets | {k}
+        if offsets == {0}:
+            raise AssertionError("every offset drawn in training was 0: the check compares no offset")
+    return worst
+
+
 def physicslm4_convolution(weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """PhysicsLM4's canon layer (its ShortConvolution without the CUDA kernel) with taps ``weight``
     [d_model, width] on x [B, T, d_model]: a depthwise ``nn.Conv1d`` padded by width - 1 on both
@@ -1088,8 +1141,8 @@ def canon_written_out() -> float:
 # order: a few 2^-24.
 CONVOLUTION = 1e-6
 
-# The same float32 operations on both sides except where the hook computes a v + b e or e + g e'
-# (one product and one sum, possibly fused differently): a few 2^-24 carried through the layers.
+# The same float32 operations on both sides except where the hook computes a v + b e, e + g e' or
+# E + A (one product and one sum, possibly fused differently): a few 2^-24 carried through the layers.
 HOOKED = 1e-6
 
 
@@ -1110,6 +1163,20 @@ POSITIONS = "positions 0-31 and 5000-5031"
 P_ROPE = {"rope_type": "proportional", "rope_theta": 10000.0,
           "partial_rotary_factor": encoding_options()["p_rope"]["rope_p"]}
 NOT_PACKAGED = "the authors' code ({}) is not packaged"
+ABACUS_PAPER = "McLeish et al. 2024, arXiv:2405.17399"
+
+
+def abacus_checks(name: str) -> tuple[Check, ...]:
+    """The three forms differ only in the ``pos`` beside the abacus: one check, over each form's model."""
+    pos = encoding_options()[name]["pos"]
+    return (Check(f"the model with pos={pos} and no abacus, its embeddings rewritten to E[token] + A[i] by a "
+                  "hook, i each digit's index in its number (+ k in training) written out from the paper",
+                  "logits (2 layers, 24 tokens in runs of digits), at evaluation and in training (3 "
+                  "forward passes, each drawing k)", lambda: abacus_written_out(name), HOOKED,
+                  NOT_PACKAGED.format("mcleish7/arithmetic, abacus.py") + "; x-transformers has none. "
+                  "nanoattn draws one offset k per forward pass for the whole batch, as that code: the check "
+                  "finds each row's k, the one in [0, abacus_max_offset] whose written-out logits are "
+                  "nearest"),)
 
 ROWS: dict[str, Row] = {
     "sinusoidal": Row(ENCODING, "Vaswani et al. 2017, arXiv:1706.03762", (
@@ -1181,6 +1248,11 @@ ROWS: dict[str, Row] = {
         Check("transformers LlamaRotaryEmbedding, rope_type 'proportional'",
               f"rotated q, k (GQA) at {POSITIONS}",
               lambda: rope_against_llama("p_rope", P_ROPE), ROTATION),)),
+    "abacus": Row(ENCODING, ABACUS_PAPER, abacus_checks("abacus")),
+    "abacus_fire": Row(ENCODING, f"{ABACUS_PAPER}; FIRE: Li et al. 2023, arXiv:2310.04418",
+                       abacus_checks("abacus_fire")),
+    "abacus_rope": Row(ENCODING, f"{ABACUS_PAPER}; RoPE: Su et al. 2021, arXiv:2104.09864",
+                       abacus_checks("abacus_rope")),
     "irope": Row(ENCODING, "Meta 2025 (Llama 4; no paper); temperature: Nakanishi 2025, arXiv:2501.19399", (
         Check("transformers.Llama4ForCausalLM", LLAMA_LOGITS, lambda: exported(IROPE, Llama4ForCausalLM),
               LOGITS, "temperature_floor_scale 8 instead of the option's 128 (the labs' training length), so "
