@@ -6,8 +6,9 @@ attention maps, the head and pruning tables) are imported from their module.
 ``length`` (perplexity past the training length), ``passkey`` (retrieval, and the training mix),
 ``heads`` (what each head does, importance, pruning), ``variant_heads`` (what an attention
 variant's own pieces do), ``compare`` (length reports side by side); ``runs`` loads a run's model
-and data and names its report files, ``tables`` and ``plots`` draw them. The command lines around
-them (configs, printing) are ``nanoattn.commands``.
+and data and names its report files, ``tables`` and ``plots`` draw them. ``plots`` is imported from
+its module only: matplotlib then loads where a figure is drawn, not in every training process. The
+command lines around them (configs, printing) are ``nanoattn.commands``.
 """
 
 from nanoattn.eval.compare import length_table, load_report
@@ -30,7 +31,6 @@ from nanoattn.eval.length import (
     score_length,
 )
 from nanoattn.eval.passkey import PasskeyMix, evaluate_passkey, passkey_summary_table, passkey_table
-from nanoattn.eval.plots import plot_length_curves, plot_passkey
 from nanoattn.eval.runs import load_for_eval, run_data_dir
 from nanoattn.eval.tables import format_table, write_table
 from nanoattn.eval.variant_heads import variant_statistics
@@ -41,5 +41,4 @@ __all__ = ["ablation_importance", "delimiter_ids", "gradient_importance", "head_
            "lengths_from_multiples", "score_length",
            "length_table", "load_report",
            "PasskeyMix", "evaluate_passkey", "passkey_summary_table", "passkey_table",
-           "plot_length_curves", "plot_passkey",
            "load_for_eval", "run_data_dir", "format_table", "write_table"]
