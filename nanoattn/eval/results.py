@@ -166,7 +166,7 @@ def finding(claim: Claim, rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 def number(value: float | None) -> str:
     if value is None or not math.isfinite(value):
         return "n/a" if value is None else str(value)
-    if abs(value) >= 1000:
+    if abs(value) >= 1000 or (abs(value) >= 100 and float(value).is_integer()):  # a count: 800, not 800.0
         return f"{value:,.0f}"
     return f"{value:.1f}" if abs(value) >= 100 else f"{value:.3g}" if abs(value) >= 1 else f"{value:.3f}"
 

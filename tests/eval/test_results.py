@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from nanoattn.eval.results import Claim, interval, record, render_page, verdict, write_page
+from nanoattn.eval.results import Claim, interval, number, record, render_page, verdict, write_page
 
 # Student's t quantile for a two-sided 95% interval with 2 degrees of freedom, in closed form:
 # with 2 degrees of freedom t_p = (2p - 1) / sqrt(2 p (1 - p)).
@@ -91,3 +91,8 @@ def test_a_page_replaces_only_an_earlier_page_of_its_name(tmp_path):
         with pytest.raises(ValueError, match=re.escape(f"lab.out: {file} {message}")):
             write_page(folder, rec, key="lab.out")
         assert (folder / "demo.md").read_text() == "notes"
+
+
+def test_a_number_keeps_the_digits_its_size_needs_and_a_count_stays_whole():
+    assert [number(v) for v in (0.1234, 2.345, 123.45, 800.0, 12_345.6, None)] == [
+        "0.123", "2.35", "123.5", "800", "12,346", "n/a"]
