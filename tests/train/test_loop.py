@@ -70,6 +70,20 @@ def test_a_larger_vocab_is_kept_as_padding(tmp_path, tiny_config):
     assert load_checkpoint(run_dir).config.vocab_size == 300
 
 
+def sigterm_once():
+    """An action for ``_inject``: SIGTERM to this process the first time only (a second signal would
+    interrupt the run at once instead of letting it save)."""
+    sent = {"done": False}
+
+    def action(loss):
+        if not sent["done"]:
+            sent["done"] = True
+            os.kill(os.getpid(), signal.SIGTERM)
+        return loss
+
+    return action
+
+
 def _inject(monkeypatch, on_call, action):
     """Run ``action(loss)`` on the on_call-th training micro-batch (1-based)."""
     original = step.LossModule.forward
@@ -96,15 +110,7 @@ def test_sigterm_checkpoints_and_the_resumed_run_equals_an_uninterrupted_one(
         return {**tiny_config(out_dir, **options, **more), "task": {"name": task, "train_length": 8}}
 
     reference = train(config(tmp_path / "reference"))
-    sent = {"done": False}
-
-    def sigterm_once(loss):
-        if not sent["done"]:
-            sent["done"] = True
-            os.kill(os.getpid(), signal.SIGTERM)
-        return loss
-
-    calls = _inject(monkeypatch, 9, sigterm_once)  # micro-batch 9 = the first of update 5
+    calls = _inject(monkeypatch, 9, sigterm_once())  # micro-batch 9 = the first of update 5
     run_dir = train(config(tmp_path / "run"))
     assert calls["n"] == 10  # update 5 finished, then it stopped
     assert (run_dir / "checkpoints" / "latest").read_text() == "000005\n"
@@ -136,15 +142,7 @@ def test_a_task_run_stops_at_its_accuracy_and_a_run_killed_before_stops_there_to
     assert 4 < stopped["step"] < 60 and checks[-1]["step"] == stopped["step"]
     assert stopped["exact_1x"] == checks[-1]["exact_1x"] >= 0.3 > max(r["exact_1x"] for r in checks[:-1])
 
-    sent = {"done": False}
-
-    def sigterm_once(loss):
-        if not sent["done"]:
-            sent["done"] = True
-            os.kill(os.getpid(), signal.SIGTERM)
-        return loss
-
-    _inject(monkeypatch, 3, sigterm_once)
+    _inject(monkeypatch, 3, sigterm_once())
     run = train(config(tmp_path / "run"))
     assert read_checkpoint_config(run)["step"] == 3 and "exact_1x" not in read_checkpoint_config(run)
     monkeypatch.undo()

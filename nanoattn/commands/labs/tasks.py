@@ -68,7 +68,32 @@ ARITHMETIC_ROWS: dict[str, tuple[str, ...]] = {
 
 
 @dataclass
-class TaskLabConfig(LabRunsConfig):
+class ScoredLabConfig(LabRunsConfig):
+    """The keys of a lab that scores tasks by exact match in size bins."""
+
+    factors: list[float] = dataclasses.field(default_factory=lambda: list(DEFAULT_FACTORS))
+    per_bin: int = DEFAULT_PER_BIN  # instances per size bin (400: a 95% interval within +-5 points)
+    eval_seed: int = 0  # the evaluation instances' seed
+    batch_size: int = 64  # instances per forward pass
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.factors = list(check_factors(self.owner, self.factors))
+        check_positive_int(self.owner, "per_bin", self.per_bin)
+        check_seed(self.owner, "eval_seed", self.eval_seed)
+
+    def check_names(self, name: str, allowed: Sequence[str]) -> None:
+        """The list key ``name``: a non-empty list of ``allowed`` names, stored as a plain list."""
+        value = getattr(self, name)
+        if isinstance(value, str) or not isinstance(value, (list, tuple)) or not value:
+            fail(self.owner, name, value, "must be a non-empty list of names")
+        for item in value:
+            check_choice(self.owner, name, item, tuple(allowed))
+        setattr(self, name, list(value))
+
+
+@dataclass
+class TaskLabConfig(ScoredLabConfig):
     """Every key of ``scripts/task_lab.py``."""
 
     owner: ClassVar[str] = "task_lab"
@@ -77,58 +102,35 @@ class TaskLabConfig(LabRunsConfig):
     calibrate: str | None = None
     tasks: list[str] = dataclasses.field(default_factory=lambda: list(TASK_LAB_TASKS))  # of nanoattn.tasks
     encodings: list[str] = dataclasses.field(default_factory=lambda: list(TASK_LAB_ENCODINGS))  # pos options
-    factors: list[float] = dataclasses.field(default_factory=lambda: list(DEFAULT_FACTORS))
-    per_bin: int = DEFAULT_PER_BIN  # instances per size bin (400: a 95% interval within +-5 points)
-    eval_seed: int = 0  # the evaluation instances' seed
-    batch_size: int = 64  # instances per forward pass
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        own = self.owner
         if self.calibrate is not None:
-            check_choice(own, "calibrate", self.calibrate, CALIBRATIONS)
-        for name, allowed in (("tasks", tuple(TASKS)), ("encodings", tuple(encoding_options()))):
-            value = getattr(self, name)
-            if isinstance(value, str) or not isinstance(value, (list, tuple)) or not value:
-                fail(own, name, value, "must be a non-empty list of names")
-            setattr(self, name, list(value))
-            for item in value:
-                check_choice(own, name, item, allowed)
-        self.factors = list(check_factors(own, self.factors))
-        check_positive_int(own, "per_bin", self.per_bin)
-        check_seed(own, "eval_seed", self.eval_seed)
+            check_choice(self.owner, "calibrate", self.calibrate, CALIBRATIONS)
+        self.check_names("tasks", TASKS)
+        self.check_names("encodings", encoding_options())
         for name in self.tasks:  # at the task's own training length, as the lab trains it
             task = TaskConfig(name=name)
-            check_bins_fit(own, task.build(), task.train_length, self.factors, self.per_bin, self.batch_size)
+            check_bins_fit(self.owner, task.build(), task.train_length, self.factors, self.per_bin,
+                           self.batch_size)
 
 
 @dataclass
-class ArithmeticLabConfig(LabRunsConfig):
+class ArithmeticLabConfig(ScoredLabConfig):
     """Every key of ``scripts/arithmetic_lab.py``."""
 
     owner: ClassVar[str] = "arithmetic_lab"
     digits: int = 5  # D: training operands have up to D digits (task.train_length); scored up to 4 D
     rows: list[str] = dataclasses.field(default_factory=lambda: list(ARITHMETIC_ROWS))  # of ARITHMETIC_ROWS
-    factors: list[float] = dataclasses.field(default_factory=lambda: list(DEFAULT_FACTORS))
-    per_bin: int = DEFAULT_PER_BIN  # instances per size bin (400: a 95% interval within +-5 points)
-    eval_seed: int = 0  # the evaluation instances' seed
-    batch_size: int = 64  # instances per forward pass
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        own = self.owner
-        check_positive_int(own, "digits", self.digits)
-        if isinstance(self.rows, str) or not isinstance(self.rows, (list, tuple)) or not self.rows:
-            fail(own, "rows", self.rows, "must be a non-empty list of names")
-        self.rows = list(self.rows)
-        for row in self.rows:
-            check_choice(own, "rows", row, tuple(ARITHMETIC_ROWS))
-        self.factors = list(check_factors(own, self.factors))
-        check_positive_int(own, "per_bin", self.per_bin)
-        check_seed(own, "eval_seed", self.eval_seed)
+        check_positive_int(self.owner, "digits", self.digits)
+        self.check_names("rows", ARITHMETIC_ROWS)
         for places in ({}, {"index_hints": True}):  # the widest rows: index hints double the digits
             task = TaskConfig(name="addition", train_length=self.digits, **places)
-            check_bins_fit(own, task.build(), self.digits, self.factors, self.per_bin, self.batch_size)
+            check_bins_fit(self.owner, task.build(), self.digits, self.factors, self.per_bin,
+                           self.batch_size)
 
 
 def arithmetic_rows(cfg: ArithmeticLabConfig) -> list[Row]:
