@@ -173,6 +173,20 @@ LABS: dict[str, Lab] = {lab.name: lab for lab in (
                   "the plain block's", "max logit", "qk_norm", "plain"),
             Claim("Jiang et al. 2023 (Mistral)", "a sliding window keeps perplexity at 16x below the plain "
                   "block's", "ppl 16x", "window", "plain"),
+            Claim("Qiu et al. 2025 (gated attention)", "the output gate's perplexity at the training "
+                  "length is below the plain block's", "ppl 1x", "gate", "plain"),
+            Claim("Nakanishi 2025 (Scalable-Softmax)", "SSMax keeps perplexity at 16x below the plain "
+                  "block's", "ppl 16x", "ssmax", "plain"),
+            Claim("Zhai 2026 (exclusive self-attention)", "XSA's perplexity at the training length is below "
+                  "the plain block's", "ppl 1x", "xsa", "plain"),
+            Claim("Allen-Zhu 2025 (Canon layers)", "canon layers' perplexity at the training length is below "
+                  "the plain block's", "ppl 1x", "canon", "plain"),
+            Claim("Lin et al. 2025 (Forgetting Transformer)", "FoX without positions has a lower perplexity "
+                  "at 16x than the plain block with RoPE", "ppl 16x", "fox", "plain"),
+            Claim("Tan et al. 2025 (stick-breaking)", "stick-breaking without positions has a lower "
+                  "perplexity at 16x than softmax with RoPE", "ppl 16x", "stick_breaking", "plain"),
+            Claim("Leviathan et al. 2024 (selective attention)", "selective attention's perplexity at the "
+                  "training length is below the plain block's", "ppl 1x", "selective", "plain"),
         )),
     *TASK_LABS,
 )}
