@@ -201,7 +201,7 @@ class _Run:
         # Validation batches are global like training batches (batch_size x world_size rows, this
         # rank's slice), so the windows do not depend on how many processes share them.
         rows = slice(d.rank * t.batch_size, (d.rank + 1) * t.batch_size)
-        self.val = [tuple(t[rows] for t in batch) for batch in data.val_batches(
+        self.val = [tuple(part[rows] for part in batch) for batch in data.val_batches(
             t.eval_steps, batch_size=t.batch_size * d.world_size, seq_len=self.seq_len)]
         self.tokens_per_step = t.batch_size * t.grad_accum * d.world_size * self.seq_len
         self._describe(model, run_dir, start)
