@@ -19,12 +19,13 @@ pieces, for the variants the model uses.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from nanoattn.eval.heads import FIRST_QUERY, Batch, check_batches
+from nanoattn.eval.heads import FIRST_QUERY, Batch, check_batches, head_statistics
 from nanoattn.model import GPT, KVCache
 from nanoattn.validation import fail
 
@@ -105,6 +106,41 @@ def variant_statistics(model: GPT, batches: Sequence[Batch]) -> dict[str, dict[s
     if cfg.selective_attn:
         stats["selective_attn"] = selective_pruning(model, batches)
     return stats
+
+
+def own_statistic(model: GPT, batches: Sequence[Batch]) -> tuple[str, float] | None:
+    """The one number that says what the model's attention variant does, and its name, picked by the
+    piece the model has (None: no piece of its own). A lab's table shows it beside the row's price.
+
+    - ``attn_gate``: the mean gate; ``xsa``: the mean share removed; ``selective_attn``: the pruned
+      fraction (``selective_pruning``); ``ssmax``: the mean factor s log n at the windows' length;
+      ``canon``: the share of the taps' |weight| on the tokens before (1 - the token's own tap's);
+    - from the attention maps (``head_statistics``), the mean over heads of: ``forget_gate``'s
+      ``forget_span`` in tokens; stick-breaking's ``sink_mass``, the mass no key took; sigmoid's
+      ``weight_sum``; ``attn_sinks``' ``sink_mass``, the mass the sink took.
+    """
+    cfg = model.cfg
+    variants = variant_statistics(model, batches)
+    if "attn_gate" in variants:
+        return "mean gate", variants["attn_gate"]["mean"]
+    if "xsa" in variants:
+        return "share removed", variants["xsa"]["mean"]
+    if "selective_attn" in variants:
+        return "pruned fraction", variants["selective_attn"]["mean"]
+    if "ssmax" in variants:
+        return "s log n", float(torch.tensor(variants["ssmax"]["factor"]).mean())
+    if "canon" in variants:
+        taps = torch.tensor(variants["canon"]["taps"])  # [n_layer, width], distance 0 first
+        return "tap share before", float((1 - taps[:, 0] / taps.sum(-1)).mean())
+    from_maps = (("forget span", "forget_span", cfg.forget_gate),
+                 ("unassigned mass", "sink_mass", cfg.attn_fn == "stick_breaking"),
+                 ("weight sum", "weight_sum", cfg.attn_fn == "sigmoid"),
+                 ("sink mass", "sink_mass", cfg.attn_sinks))
+    picked = next(((label, name) for label, name, used in from_maps if used), None)
+    if picked is None:
+        return None
+    heads = head_statistics(model, batches)
+    return picked[0], statistics.fmean(record[picked[1]] for record in heads)
 
 
 @torch.no_grad()

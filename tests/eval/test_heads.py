@@ -28,6 +28,7 @@ from nanoattn import GPT, ModelConfig
 from nanoattn.checkpoint import resolve_checkpoint, save_checkpoint
 from nanoattn.commands.analyze_heads import HeadAnalysisConfig, analyze_heads
 from nanoattn.config import DataConfig, TokenizerConfig
+from nanoattn.config.options import ATTENTION_VARIANTS
 from nanoattn.data import EOT, prepare_data
 from nanoattn.data.tokenizer import build_tokenizer
 from nanoattn.eval.heads import (
@@ -49,7 +50,7 @@ from nanoattn.eval.heads import (
 )
 from nanoattn.eval.plots import plot_attention_grid, plot_attention_head
 from nanoattn.eval.runs import load_for_eval, run_data_dir
-from nanoattn.eval.variant_heads import GATE_NEAR_ZERO, variant_statistics
+from nanoattn.eval.variant_heads import GATE_NEAR_ZERO, own_statistic, variant_statistics
 from nanoattn.positional import REGISTRY
 from nanoattn.validation import from_dict
 
@@ -191,6 +192,31 @@ def test_the_ssmax_and_canon_statistics_read_their_parameters():
     weight = model.blocks[1].canon.weight  # [d_model, 3], the last tap the token itself
     assert stats["canon"]["taps"][1] == pytest.approx(weight.abs().mean(0).flip(0).tolist())
     assert variant_statistics(small_model(), random_batches()) == {}
+
+
+# The attention lab's `own stat`: each variant's statistic by name, and what bounds it.
+OWN_STATISTICS = {"gate": ("mean gate", 0, 1), "xsa": ("share removed", 0, 1),
+                  "selective": ("pruned fraction", 0, 1), "ssmax": ("s log n", 0, math.inf),
+                  "canon": ("tap share before", 0, 1), "fox": ("forget span", 1, 16),
+                  "stick_breaking": ("unassigned mass", 0, 1), "sigmoid": ("weight sum", 0, 16),
+                  "sinks": ("sink mass", 0, 1)}
+
+
+@pytest.mark.parametrize("variant", ["plain", *OWN_STATISTICS])
+def test_each_variant_has_one_own_statistic_the_mean_over_its_heads(variant):
+    model = small_model(init_std=0.2, **ATTENTION_VARIANTS[variant])
+    batches = random_batches(n=2)
+    own = own_statistic(model, batches)
+    if variant == "plain":
+        assert own is None
+        return
+    name, low, high = OWN_STATISTICS[variant]
+    assert own[0] == name and low < own[1] < high
+    per_head = {"forget span": "forget_span", "unassigned mass": "sink_mass", "weight sum": "weight_sum",
+                "sink mass": "sink_mass"}.get(name)
+    if per_head is not None:  # an attention-map statistic: its mean over every head of every layer
+        records = head_statistics(model, batches)
+        assert own[1] == pytest.approx(sum(r[per_head] for r in records) / len(records))
 
 
 # --- a model with known heads ---------------------------------------------------------------------------

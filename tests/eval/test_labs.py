@@ -60,7 +60,9 @@ def test_the_plans_are_read_from_the_registries():
     assert extrapolation[:len(encoding_options())] == list(encoding_options())
     assert extrapolation[len(encoding_options()):] == [
         "rope+linear4", "rope+linear16", "rope+ntk4", "rope+dynamic4", "rope+yarn4", "rope+yarn16"]
-    assert [row.label for row in LABS["attention"].rows(AttentionLabConfig())] == list(ATTENTION_VARIANTS)
+    attention = LABS["attention"].rows(AttentionLabConfig())
+    assert [row.label for row in attention] == [*ATTENTION_VARIANTS, "pope"]
+    assert attention[-1].train == ("pos=pope",)  # the plain block with PoPE
     assert [row.train for row in LABS["passkey"].rows(LabConfig(passkey=True))][:2] == [("pos=sinusoidal",),
                                                                                       ("pos=sinusoidal_scaled",)]
 
@@ -114,10 +116,12 @@ def test_a_lab_publishes_every_seed_with_intervals_and_never_an_unfinished_run(p
 
 
 def test_the_attention_lab_prices_each_variant(prepared, tmp_path):
-    lab = dataclasses.replace(LABS["attention"], rows=lambda cfg: [Row("plain", "plain"), Row("mla", "mla")])
+    names = ("plain", "mla", "sinks")
+    lab = dataclasses.replace(LABS["attention"], rows=lambda cfg: [Row(name, name) for name in names])
     runs = tmp_path / "runs"
     save_run(runs / "plain" / "seed0", prepared, seed=0)
     save_run(runs / "mla" / "seed0", prepared, seed=0, mla_kv_rank=8, mla_rope_dim=4, n_kv_head=4)
+    save_run(runs / "sinks" / "seed0", prepared, seed=0, attn_sinks=True)
     published = tmp_path / "published"  # out= puts the page elsewhere than beside the runs
     cfg = AttentionLabConfig(runs_root=str(runs), seeds=[0], max_tokens=256, out=str(published))
     page = run_lab(lab, cfg, trainer=())
@@ -127,6 +131,8 @@ def test_the_attention_lab_prices_each_variant(prepared, tmp_path):
     # 2 layers x (rank 8 + rope dim 4) x 4 bytes = 96.
     assert rows["plain"]["KV bytes/token"] == [256] and rows["mla"]["KV bytes/token"] == [96]
     assert rows["plain"]["max logit"] == [7.5]
+    # A variant's own statistic, here the mass the sinks take; the plain block has none.
+    assert "own stat" not in rows["plain"] and 0 < rows["sinks"]["own stat"][0] < 1
 
 
 def test_a_lab_with_its_defaults_writes_only_under_the_ignored_runs_folder(prepared, tmp_path, monkeypatch):

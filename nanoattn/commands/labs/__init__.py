@@ -48,7 +48,8 @@ from nanoattn.config import ModelConfig
 from nanoattn.config.options import ATTENTION_VARIANTS, encoding_options
 from nanoattn.eval.plots import plot_length_curves, plot_passkey
 from nanoattn.eval.results import Claim
-from nanoattn.eval.runs import is_path, scaling_tag
+from nanoattn.eval.runs import is_path, load_for_eval, scaling_tag
+from nanoattn.eval.variant_heads import own_statistic
 from nanoattn.model import KVCache
 from nanoattn.validation import check_bool, check_positive_int, fail
 
@@ -57,6 +58,10 @@ from nanoattn.validation import check_bool, check_positive_int, fail
 LAB_SCALINGS = tuple({"type": kind, "factor": factor} for kind, factor in
                      (("linear", 4), ("linear", 16), ("ntk", 4), ("dynamic", 4), ("yarn", 4), ("yarn", 16)))
 LAB_MULTIPLES = (1, 2, 4, 8, 16)  # perplexity labs: lengths as multiples of the training length
+# The attention lab's encodings beside its variants: PoPE (Gopalakrishnan et al. 2025) belongs to the same
+# generation of papers, and its row is compared with the plain block's RoPE.
+ATTENTION_LAB_ENCODINGS = ("pope",)
+OWN_STATISTIC_BATCHES = 4  # attention lab: held-out batches the variant's own statistic is averaged over
 
 
 @dataclass
@@ -123,13 +128,18 @@ def passkey_cells(report: Report) -> dict[str, float | None]:
 def attention_report(cfg: AttentionLabConfig, run: Path, row: Row) -> Report:
     report = perplexity_report(cfg, run, row)
     model = ModelConfig.from_dict(read_checkpoint_config(run)["model"])
+    ckpt, data = load_for_eval(run, device=cfg.device)
+    batches = data.val_batches(OWN_STATISTIC_BATCHES, batch_size=cfg.batch_size, seq_len=ckpt.train_seq_len)
+    own = own_statistic(ckpt.model, batches)
     return {**report, "kv_bytes_per_token": KVCache(model, 1, 1, device="cpu").bytes_per_token(),
-            "max_attn_logit": largest_attention_logit(run)}
+            "max_attn_logit": largest_attention_logit(run),
+            "own_statistic": None if own is None else {"name": own[0], "value": own[1]}}
 
 
 def attention_cells(report: Report) -> dict[str, float | None]:
+    own = report["own_statistic"]
     return {**perplexity_cells(report), "KV bytes/token": report["kv_bytes_per_token"],
-            "max logit": report["max_attn_logit"]}
+            "max logit": report["max_attn_logit"], **({"own stat": own["value"]} if own else {})}
 
 
 ABOUT_PERPLEXITY = (
@@ -164,8 +174,13 @@ LABS: dict[str, Lab] = {lab.name: lab for lab in (
         "(`nanoattn.config.options.ATTENTION_VARIANTS`, `configs/experiment/attention.yaml`), evaluated in "
         "chunks at 1-16x its training length; `train tok/s` is its run's median training speed, `KV "
         "bytes/token` what a decoded token adds to the cache, `max logit` the largest attention logit its "
-        "evaluations saw during training.",
-        lambda cfg: [Row(name, name, (f"attention={name}",)) for name in ATTENTION_VARIANTS],
+        "evaluations saw during training; `own stat` the variant's own statistic on held-out windows at the "
+        "training length (`nanoattn.eval.variant_heads.own_statistic`): the output gate's mean, XSA's share "
+        "of the output removed, selective attention's pruned fraction, SSMax's s log n, the share of canon's "
+        "taps on earlier tokens, FoX's forget span in tokens, stick-breaking's mass left unassigned, "
+        "sigmoid's weight sum and the sinks' mass. The `pope` row is the plain block with PoPE for RoPE.",
+        lambda cfg: [*(Row(name, name, (f"attention={name}",)) for name in ATTENTION_VARIANTS),
+                     *(Row(name, name, (f"pos={name}",)) for name in ATTENTION_LAB_ENCODINGS)],
         attention_report, attention_cells, plot_length_curves, claims=(
             Claim("Ye et al. 2024 (Differential Transformer)", "differential attention's perplexity at the "
                   "training length is below the plain block's", "ppl 1x", "diff", "plain"),
@@ -187,6 +202,8 @@ LABS: dict[str, Lab] = {lab.name: lab for lab in (
                   "perplexity at 16x than softmax with RoPE", "ppl 16x", "stick_breaking", "plain"),
             Claim("Leviathan et al. 2024 (selective attention)", "selective attention's perplexity at the "
                   "training length is below the plain block's", "ppl 1x", "selective", "plain"),
+            Claim("Gopalakrishnan et al. 2025 (PoPE)", "PoPE extrapolates without fine-tuning: its "
+                  "perplexity at 16x is below RoPE's", "ppl 16x", "pope", "plain"),
         )),
     *TASK_LABS,
 )}
