@@ -96,6 +96,9 @@ TRACEBACKS = [  # (script, overrides, the refusal): each of these once ended in 
     ("eval_task", ["ckpt={task}", "factors=[1,inf]"],
      r"eval_task\.factors=\[1, inf\] is invalid: must be increasing positive finite numbers$"),
     ("task_lab", ["factors=[1,inf]"], r"task_lab\.factors=\[1, inf\] is invalid: must be increasing "),
+    ("task_lab", ["variants=[fox,bogus]"], r"task_lab\.variants='bogus' is invalid: allowed: plain \| "),
+    ("task_lab", ["variants=[nope]"], r"task_lab\.variants=\['nope'\] is invalid: must not repeat a row: "
+                                      r"copy/nope twice$"),
     ("eval_length", ["ckpt={rope}", "multiples=[1,inf]"],
      r"eval_length\.multiples=\[1, inf\] is invalid: inf is not a positive finite number$"),
     ("eval_passkey", ["ckpt={rope}", "multiples=[1,nan]"],

@@ -133,5 +133,5 @@ def test_a_new_task_is_an_option_trains_and_is_a_task_lab_row(registered, tmp_pa
                       eval_interval=0, ckpt_interval=0)
     done = train({**cfg, "task": {"name": "echo", "train_length": 8}})
     assert [r["step"] for r in read_metrics(done / "metrics.jsonl")][-1] == 4
-    lab = TaskLabConfig(tasks=["echo"], encodings=["nope"])
+    lab = TaskLabConfig(tasks=["echo"], encodings=["nope"], variants=[])
     assert [row.label for row in LABS["tasks"].rows(lab)] == ["echo/nope"]

@@ -47,12 +47,15 @@ def test_the_task_lab_trains_every_pair_at_every_seed_then_publishes_its_page(tm
     # experiment=tasks drops the default recipe itself: its runs keep the suite's own optimizer keys.
     overrides = lab_overrides(tiny_config, as_overrides, tmp_path, "~recipe", "model.max_seq_len",
                               max_steps=3, eval_interval=3)  # the experiment stops a run at its accuracy
-    cfg = TaskLabConfig(tasks=["copy"], encodings=["nope", "learned"], seeds=[0, 1], train=True, per_bin=8,
-                        factors=[1, 4], runs_root=str(tmp_path / "runs"),
+    cfg = TaskLabConfig(tasks=["copy"], encodings=["nope", "learned"], variants=["fox"],
+                        variant_tasks=["copy"], seeds=[0, 1], train=True, per_bin=8, factors=[1, 4],
+                        runs_root=str(tmp_path / "runs"),
                         train_overrides=overrides + ["model.max_seq_len=40"])
     page = run_lab(LABS["tasks"], cfg, trainer)
     rows = {row["label"]: row for row in page["rows"]}
-    assert list(rows) == ["copy/nope", "copy/learned"]
+    assert list(rows) == ["copy/nope", "copy/learned", "copy/fox"]
+    fox = yaml.safe_load((tmp_path / "runs" / "copy" / "fox" / "seed1" / "config.yaml").read_text())["model"]
+    assert fox["forget_gate"] and fox["pos"] == "nope"
     # The learned table has 40 rows: at 4x (up to 67 tokens) it cannot run, and says so.
     assert rows["copy/learned"]["values"]["exact 4x"] == [None, None]
     # Three steps learn nothing: each row says so rather than scoring lengths it never learned.
@@ -93,8 +96,9 @@ def test_a_lab_interrupted_then_rerun_publishes_the_table_of_an_uninterrupted_on
     overrides.append("model.max_seq_len=40")
 
     def config(root: str) -> TaskLabConfig:
-        return TaskLabConfig(tasks=["copy"], encodings=["rope"], seeds=[0], train=True, per_bin=8,
-                             factors=[1, 2], runs_root=str(tmp_path / root), train_overrides=overrides)
+        return TaskLabConfig(tasks=["copy"], encodings=["rope"], variants=[], seeds=[0], train=True,
+                             per_bin=8, factors=[1, 2], runs_root=str(tmp_path / root),
+                             train_overrides=overrides)
 
     run = tmp_path / "stopped" / "copy" / "rope" / "seed0"
     script = ("from nanoattn.commands.labs import LABS, TaskLabConfig, run_lab; "

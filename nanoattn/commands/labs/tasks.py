@@ -25,7 +25,7 @@ from nanoattn.checkpoint import read_checkpoint_config
 from nanoattn.commands.eval_task import TaskEvalConfig, run_task_eval
 from nanoattn.commands.labs.driver import Lab, LabRunsConfig, Report, Row, training_speed
 from nanoattn.config import TaskConfig
-from nanoattn.config.options import encoding_options
+from nanoattn.config.options import ATTENTION_VARIANTS, encoding_options
 from nanoattn.data.tasks import row_inputs
 from nanoattn.eval.plots import plot_tasks
 from nanoattn.eval.results import Claim
@@ -38,6 +38,10 @@ from nanoattn.validation import check_choice, check_positive_int, check_seed, fa
 # (selective copy, counting, flip-flop).
 TASK_LAB_TASKS = ("copy", "reverse", "addition", "selective_copy", "counting", "flip_flop")
 TASK_LAB_ENCODINGS = ("nope", "sinusoidal", "rope", "alibi", "t5", "cope")
+# The newer attention that claims length generalization (FoX, stick-breaking: without positions; PoPE), each
+# an attention variant or an encoding, on the tasks of CoPE's paper and copy: the rows <task>/<variant>.
+TASK_LAB_VARIANTS = ("fox", "stick_breaking", "pope")
+VARIANT_TASKS = ("copy", "selective_copy", "flip_flop", "counting")
 LEARNED = 0.95  # task lab: exact match at 1x below which a row is "not learned", and not judged past it
 # The task budget calibration: each run trains until it learns (train.stop_at_accuracy) or this cap,
 # and the task lab's budget (configs/experiment/tasks.yaml's train.max_steps) is BUDGET_FACTOR times
@@ -102,6 +106,10 @@ class TaskLabConfig(ScoredLabConfig):
     calibrate: str | None = None
     tasks: list[str] = dataclasses.field(default_factory=lambda: list(TASK_LAB_TASKS))  # of nanoattn.tasks
     encodings: list[str] = dataclasses.field(default_factory=lambda: list(TASK_LAB_ENCODINGS))  # pos options
+    # Rows <task>/<variant> for each of variant_tasks: an attention variant (ATTENTION_VARIANTS) or a pos
+    # option each; [] for none.
+    variants: list[str] = dataclasses.field(default_factory=lambda: list(TASK_LAB_VARIANTS))
+    variant_tasks: list[str] = dataclasses.field(default_factory=lambda: list(VARIANT_TASKS))  # of tasks
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -109,7 +117,14 @@ class TaskLabConfig(ScoredLabConfig):
             check_choice(self.owner, "calibrate", self.calibrate, CALIBRATIONS)
         self.check_names("tasks", TASKS)
         self.check_names("encodings", encoding_options())
-        for name in self.tasks:  # at the task's own training length, as the lab trains it
+        self.check_names("variant_tasks", TASKS)
+        if self.variants != []:  # [] turns the variant rows off
+            self.check_names("variants", (*ATTENTION_VARIANTS, *encoding_options()))
+        labels = [row.label for row in task_rows(self)]
+        repeated = next((label for label in labels if labels.count(label) > 1), None)
+        if repeated is not None:
+            fail(self.owner, "variants", self.variants, f"must not repeat a row: {repeated} twice")
+        for name in dict.fromkeys((*self.tasks, *(self.variant_tasks if self.variants else ()))):
             task = TaskConfig(name=name)
             check_bins_fit(self.owner, task.build(), task.train_length, self.factors, self.per_bin,
                            self.batch_size)
@@ -131,6 +146,17 @@ class ArithmeticLabConfig(ScoredLabConfig):
             task = TaskConfig(name="addition", train_length=self.digits, **places)
             check_bins_fit(self.owner, task.build(), self.digits, self.factors, self.per_bin,
                            self.batch_size)
+
+
+def task_rows(cfg: TaskLabConfig) -> list[Row]:
+    """Every (task, encoding) pair, then every (variant task, variant) pair."""
+    def variant(name: str) -> str:
+        return f"attention={name}" if name in ATTENTION_VARIANTS else f"pos={name}"
+
+    return ([Row(f"{task}/{pos}", f"{task}/{pos}", (f"task={task}", f"pos={pos}"))
+             for task in cfg.tasks for pos in cfg.encodings]
+            + [Row(f"{task}/{name}", f"{task}/{name}", (f"task={task}", variant(name)))
+               for task in cfg.variant_tasks for name in cfg.variants])
 
 
 def arithmetic_rows(cfg: ArithmeticLabConfig) -> list[Row]:
@@ -221,10 +247,9 @@ TASK_LABS: tuple[Lab, ...] = (
         "tasks.yaml`) until it has learned the task (exact match at 1x of 0.95 on fresh instances) or spent "
         "the budget of its calibration (`task_budget.md`), `steps` saying where it stopped, then scores "
         "exact match on fresh instances in size bins up to 4x that size. A row whose exact match at 1x is "
-        f"below {LEARNED} did not learn its task and is not judged past it.",
-        lambda cfg: [Row(f"{task}/{pos}", f"{task}/{pos}", (f"task={task}", f"pos={pos}"))
-                     for task in cfg.tasks for pos in cfg.encodings],
-        task_report, task_cells, plot_tasks, status=task_status, claims=(
+        f"below {LEARNED} did not learn its task and is not judged past it. The rows of `variants` (FoX and "
+        "stick-breaking without positions, PoPE) run on `variant_tasks` only.",
+        task_rows, task_report, task_cells, plot_tasks, status=task_status, claims=(
             Claim("Kazemnejad et al. 2023 (NoPE)", "NoPE generalizes better than RoPE on copy at 2x",
                   "exact 2x", "copy/nope", "copy/rope", lower_is_better=False),
             Claim("Kazemnejad et al. 2023 (NoPE)", "NoPE generalizes better than RoPE on reverse at 2x",
