@@ -77,6 +77,21 @@ def test_the_arithmetic_labs_rows_are_its_methods_at_its_digits():
         ArithmeticLabConfig(rows=["nope", "sort"])
 
 
+def test_the_arithmetic_page_names_its_best_rows_reach_and_says_what_did_not_reproduce():
+    notes = LABS["arithmetic"].notes
+    values = {"nope": {"exact 1x": [1.0, 1.0], "exact 2x": [0.95, 0.9], "exact 3x": [0.9, 0.5]},
+              "abacus": {"exact 1x": [1.0, 0.98], "exact 2x": [0.0, 0.1]},
+              "coupling": {"exact 1x": [0.5, 0.6], "exact 4x": [1.0, 1.0]}}  # not learned: never the best
+    first, second = notes(values)
+    assert first.startswith("**Best row: nope, exact match at or above 0.9 up to 2D digits**")
+    assert second.startswith("No row generalizes past 2D here")
+    values["abacus"].update({"exact 3x": [0.92, 0.9], "exact 4x": [0.95, 0.95]})  # 2x below: it stops there
+    assert notes(values)[0].startswith("**Best row: nope, ")
+    values["abacus"]["exact 2x"] = [0.9, 0.92]
+    assert notes(values) == ["**Best row: abacus, exact match at or above 0.9 up to 4D digits** (the bar: "
+                             "past 2D)."]
+
+
 def test_a_lab_publishes_every_seed_with_intervals_and_never_an_unfinished_run(prepared, tmp_path, capsys):
     lab = dataclasses.replace(LABS["extrapolation"], rows=lambda cfg: ROWS)
     runs = tmp_path / "runs"
