@@ -87,6 +87,9 @@ def test_the_arithmetic_page_names_its_best_rows_reach_and_says_what_did_not_rep
     assert second.startswith("No row generalizes past 2D here")
     values["abacus"].update({"exact 3x": [0.92, 0.9], "exact 4x": [0.95, 0.95]})  # 2x below: it stops there
     assert notes(values)[0].startswith("**Best row: nope, ")
+    values["nope"]["exact 2x"] = [0.5, 0.9]
+    assert notes(values)[0] == "**No row holds exact match 0.9 past D digits** (the bar: past 2D)."
+    values["nope"]["exact 2x"] = [0.95, 0.9]
     values["abacus"]["exact 2x"] = [0.9, 0.92]
     assert notes(values) == ["**Best row: abacus, exact match at or above 0.9 up to 4D digits** (the bar: "
                              "past 2D)."]

@@ -279,7 +279,8 @@ def arithmetic_notes(values: Mapping[str, Mapping[str, Sequence[float | None]]])
         return ["No row learned addition at D digits: no row is judged past it."]
     best = max(learned, key=learned.get)
     line = (f"**Best row: {best}, exact match at or above {GENERALIZES} up to {learned[best]:g}D digits** "
-            f"(the bar: past 2D).")
+            f"(the bar: past 2D)." if learned[best] > 1 else
+            f"**No row holds exact match {GENERALIZES} past D digits** (the bar: past 2D).")
     if learned[best] > 2:
         return [line]
     return [line, NOT_REPRODUCED]
