@@ -43,6 +43,7 @@ CONFIDENCE = 0.95
 # The flags that choose a CPU's kernels, and so its speed and its bf16 rounding.
 KERNEL_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
 REPO = Path(__file__).resolve().parents[2]  # the checkout of an editable install
+PUBLISHED = "docs/results"  # where the results pages are published, relative to REPO
 
 
 def interval(values: Sequence[float]) -> dict[str, Any]:
@@ -91,7 +92,10 @@ def machine() -> dict[str, Any]:
 
 
 def git_state() -> dict[str, Any]:
-    """The checkout's commit and whether it had uncommitted changes (None where it is no git checkout)."""
+    """The checkout's commit and whether it had uncommitted changes (None where it is no git checkout).
+
+    The published pages (``PUBLISHED``) do not count: they compute nothing, and a lab started after
+    another published its page is run by the committed code all the same."""
     def git(*args: str) -> str | None:
         try:
             done = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, timeout=30)
@@ -100,7 +104,7 @@ def git_state() -> dict[str, Any]:
         return done.stdout.strip() if done.returncode == 0 else None
 
     commit = git("rev-parse", "HEAD")
-    status = git("status", "--porcelain", "--untracked-files=no")
+    status = git("status", "--porcelain", "--untracked-files=no", "--", ".", f":(exclude){PUBLISHED}")
     return {"commit": commit, "dirty": None if status is None else bool(status)}
 
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import math
 import re
+import subprocess
 
 import pytest
 
+from nanoattn.eval import results
 from nanoattn.eval.results import Claim, interval, number, record, render_page, verdict, write_page
 
 # Student's t quantile for a two-sided 95% interval with 2 degrees of freedom, in closed form:
@@ -96,3 +98,22 @@ def test_a_page_replaces_only_an_earlier_page_of_its_name(tmp_path):
 def test_a_number_keeps_the_digits_its_size_needs_and_a_count_stays_whole():
     assert [number(v) for v in (0.1234, 2.345, 123.45, 800.0, 12_345.6, None)] == [
         "0.123", "2.35", "123.5", "800", "12,346", "n/a"]
+
+
+def test_a_checkout_is_dirty_for_changed_code_and_not_for_a_changed_results_page(tmp_path, monkeypatch):
+    def git(*args: str) -> None:
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path, check=True,
+                       capture_output=True)
+
+    (tmp_path / "docs" / "results").mkdir(parents=True)
+    (tmp_path / "docs" / "results" / "lab.md").write_text("a page\n")
+    (tmp_path / "code.py").write_text("x = 1\n")
+    git("init", "-q")
+    git("add", ".")
+    git("commit", "-qm", "first")
+    monkeypatch.setattr(results, "REPO", tmp_path)
+    assert results.git_state()["dirty"] is False
+    (tmp_path / "docs" / "results" / "lab.md").write_text("the page, published again\n")
+    assert results.git_state()["dirty"] is False
+    (tmp_path / "code.py").write_text("x = 2\n")
+    assert results.git_state()["dirty"] is True
