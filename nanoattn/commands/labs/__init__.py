@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from nanoattn.checkpoint import read_checkpoint_config
 from nanoattn.commands.eval_length import LengthEvalConfig, run_length_eval
 from nanoattn.commands.eval_passkey import PasskeyEvalConfig, run_passkey_eval
 from nanoattn.commands.labs.driver import (
@@ -44,7 +43,6 @@ from nanoattn.commands.labs.tasks import (
     ArithmeticLabConfig,
     TaskLabConfig,
 )
-from nanoattn.config import ModelConfig
 from nanoattn.config.options import ATTENTION_VARIANTS, encoding_options
 from nanoattn.eval.plots import plot_length_curves, plot_passkey
 from nanoattn.eval.results import Claim
@@ -127,19 +125,17 @@ def passkey_cells(report: Report) -> dict[str, float | None]:
 
 def attention_report(cfg: AttentionLabConfig, run: Path, row: Row) -> Report:
     report = perplexity_report(cfg, run, row)
-    model = ModelConfig.from_dict(read_checkpoint_config(run)["model"])
     ckpt, data = load_for_eval(run, device=cfg.device)
     batches = data.val_batches(OWN_STATISTIC_BATCHES, batch_size=cfg.batch_size, seq_len=ckpt.train_seq_len)
-    own = own_statistic(ckpt.model, batches)
-    return {**report, "kv_bytes_per_token": KVCache(model, 1, 1, device="cpu").bytes_per_token(),
-            "max_attn_logit": largest_attention_logit(run),
-            "own_statistic": None if own is None else {"name": own[0], "value": own[1]}}
+    own = own_statistic(ckpt.model, batches)  # its name is the lab's `about`, by variant
+    return {**report, "kv_bytes_per_token": KVCache(ckpt.config, 1, 1, device="cpu").bytes_per_token(),
+            "max_attn_logit": largest_attention_logit(run), "own_statistic": None if own is None else own[1]}
 
 
 def attention_cells(report: Report) -> dict[str, float | None]:
     own = report["own_statistic"]
     return {**perplexity_cells(report), "KV bytes/token": report["kv_bytes_per_token"],
-            "max logit": report["max_attn_logit"], **({"own stat": own["value"]} if own else {})}
+            "max logit": report["max_attn_logit"], **({"own stat": own} if own is not None else {})}
 
 
 ABOUT_PERPLEXITY = (
