@@ -6,6 +6,11 @@
   other dtype is autocast. ``auto`` takes bfloat16 where the hardware computes it natively:
   a CUDA GPU that supports it, or a CPU with AMX (``amx_bf16``) or AVX512-BF16
   (``avx512_bf16``) read from /proc/cpuinfo. Elsewhere bf16 is emulated and slower than float32.
+- Compilation (``true | false | auto``): ``torch.compile`` needs Inductor's compiler, a C++
+  compiler for a CPU (``$CXX``, else g++) and Triton for a CUDA GPU. ``auto`` compiles where it is
+  there; ``true`` without it is refused before anything runs, not at the first step. Compiled
+  kernels are cached under ``cache_dir()`` (not /tmp, which a reboot clears), so a shape is
+  compiled once per machine.
 - Atomic writes: a file is written beside its target under a dot-name and renamed over it, so a
   reader (or a kill at any instant) sees the old content or the new, never a torn file.
 - Memory: ``keep_freed_memory`` makes glibc's malloc serve blocks below 32 MiB from its heap
@@ -26,9 +31,11 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import fcntl
+import importlib.util
 import json
 import os
 import platform
+import shutil
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -94,6 +101,56 @@ def autocast_dtype(dtype: str, device: torch.device) -> tuple[torch.dtype | None
         if fast:
             return torch.bfloat16, f"bfloat16 autocast (auto: the CPU has {' and '.join(fast)})"
     return None, f"float32 (auto: no fast bf16 on this {device.type})"
+
+
+def compiler_missing(device: torch.device) -> str | None:
+    """Why ``torch.compile`` cannot compile for ``device`` here (None: it can)."""
+    if device.type == "cpu":
+        compiler = os.environ.get("CXX", "g++")
+        return None if shutil.which(compiler) else f"no C++ compiler ({compiler}, or $CXX) for the CPU"
+    if device.type == "cuda":
+        return None if importlib.util.find_spec("triton") else "no Triton for the GPU"
+    return f"no Inductor backend for {device.type}"
+
+
+def check_compile_choice(owner: str, name: str, value: object) -> None:
+    """true | false | auto (a bool, not 1 or 'true')."""
+    if not (isinstance(value, bool) or value == "auto"):
+        fail(owner, name, value, "allowed: true | false | auto")
+
+
+def compile_choice(choice: bool | str, device: torch.device, key: str = "train.compile",
+                   ) -> tuple[bool, str]:
+    """(whether to torch.compile, why) for ``key``'s value (true | false | auto) on ``device``."""
+    owner, _, name = key.rpartition(".")
+    check_compile_choice(owner, name, choice)
+    if choice is False:
+        return False, f"eager ({key}=false)"
+    missing = compiler_missing(device)
+    if choice is True:
+        if missing:
+            raise ValueError(f"{key}=true is invalid here: {missing}; {key}=auto or false runs eagerly")
+        return True, f"compiled ({key}=true)"
+    if missing:
+        return False, f"eager (auto: {missing})"
+    return True, "compiled (auto: Inductor's compiler is here)"
+
+
+def cache_dir() -> Path:
+    """Downloaded corpora and compiled kernels: ``$NANOATTN_CACHE`` or ``~/.cache/nanoattn``."""
+    return Path(os.environ.get("NANOATTN_CACHE") or "~/.cache/nanoattn").expanduser()
+
+
+def use_compile_cache() -> Path:
+    """Point Inductor's cache at ``cache_dir()/torchinductor`` unless $TORCHINDUCTOR_CACHE_DIR names
+    another folder than Inductor's default in /tmp; returns the folder. Call before compiling."""
+    from torch._inductor.runtime.runtime_utils import default_cache_dir  # here: importing Inductor is slow
+
+    # Importing Inductor writes its default into the variable, so only another value is the user's.
+    given = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if given is None or os.path.abspath(given) == os.path.abspath(default_cache_dir()):
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir() / "torchinductor")
+    return Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
 
 
 def autocast(device: torch.device, dtype: torch.dtype | None):

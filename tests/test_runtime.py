@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch._inductor.runtime.runtime_utils import default_cache_dir
 
 from nanoattn import runtime
 
@@ -27,6 +28,33 @@ def test_auto_dtype_follows_the_cpu_flags(monkeypatch):
     assert runtime.autocast_dtype("float32", cpu)[0] is None
     with pytest.raises(ValueError, match=r"dtype='half' is invalid: allowed: auto \| float32"):
         runtime.autocast_dtype("half", cpu)
+
+
+def test_compile_auto_compiles_only_where_a_compiler_is_and_true_without_one_is_refused(monkeypatch):
+    cpu = torch.device("cpu")
+    monkeypatch.setenv("CXX", sys.executable)  # an executable that exists
+    assert runtime.compile_choice("auto", cpu) == (True, "compiled (auto: Inductor's compiler is here)")
+    assert runtime.compile_choice(True, cpu)[0] is True
+    monkeypatch.setenv("CXX", "no-such-compiler")
+    assert runtime.compile_choice("auto", cpu) == (
+        False, "eager (auto: no C++ compiler (no-such-compiler, or $CXX) for the CPU)")
+    with pytest.raises(ValueError, match=r"^train.compile=true is invalid here: no C\+\+ compiler "
+                                         r"\(no-such-compiler, or \$CXX\) for the CPU; train.compile=auto"):
+        runtime.compile_choice(True, cpu, "train.compile")
+    assert runtime.compile_choice(False, cpu) == (False, "eager (train.compile=false)")
+    for bad in ("yes", 1, None):
+        with pytest.raises(ValueError, match=r"^bench.compile=.* is invalid: allowed: true \| false \| auto"):
+            runtime.compile_choice(bad, cpu, "bench.compile")
+
+
+def test_compiled_kernels_are_cached_under_nanoattns_cache_unless_inductor_is_told(monkeypatch, tmp_path):
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.setenv("NANOATTN_CACHE", str(tmp_path))
+    assert runtime.use_compile_cache() == tmp_path / "torchinductor"
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())  # as importing Inductor leaves it
+    assert runtime.use_compile_cache() == tmp_path / "torchinductor"
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "own"))
+    assert runtime.use_compile_cache() == tmp_path / "own"
 
 
 def test_float32_switches_an_enclosing_autocast_off():

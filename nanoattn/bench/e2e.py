@@ -24,7 +24,7 @@ from nanoattn.checkpoint import read_run_config
 from nanoattn.config import RunConfig
 from nanoattn.logging import read_metrics
 from nanoattn.model import GPT
-from nanoattn.runtime import autocast, autocast_dtype, synchronize
+from nanoattn.runtime import autocast, autocast_dtype, compile_choice, synchronize
 from nanoattn.train.optim import optimizer_for
 from nanoattn.train.step import optimizer_step, wrap_for_training
 
@@ -58,7 +58,7 @@ def step_rate(cfg: RunConfig, device: torch.device, reps: int, seconds: float) -
         model = GPT(cfg.model)
     model.train()
     optimizer = optimizer_for(model, t, device)
-    net = wrap_for_training(model, ddp=False, compile=t.compile, device=device)
+    net = wrap_for_training(model, ddp=False, compile=compile_choice(t.compile, device)[0], device=device)
     shape = (t.batch_size, cfg.seq_len)
     batches = [(random_tokens(cfg.model.vocab_size, shape, device, seed=2 * m),  # [B, T]
                 random_tokens(cfg.model.vocab_size, shape, device, seed=2 * m + 1))  # [B, T]
@@ -88,5 +88,6 @@ def e2e_section(cfg: BenchConfig, done: Mapping[str, list[Row]]) -> list[Row]:
     rate, reason = step_rate(run_cfg, cfg.torch_device(), cfg.reps, cfg.e2e_seconds)
     m, t = run_cfg.model, run_cfg.train
     return [dict(run=str(cfg.run), shape=shape_text(m, t.batch_size * t.grad_accum, run_cfg.seq_len),
-                 dtype=reason, compile=t.compile, windows=windows, script_tok_per_s=run_rate,
+                 dtype=reason, compile=compile_choice(t.compile, cfg.torch_device())[1], windows=windows,
+                 script_tok_per_s=run_rate,
                  step_tok_per_s=rate, script_vs_step=run_rate / rate)]

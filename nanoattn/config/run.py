@@ -1,8 +1,8 @@
 """The schema of a training run: data, tokenizer, training loop, logger, and ``RunConfig``.
 
-Like ``ModelConfig``, every dataclass validates every field in ``__post_init__`` with one-line
-errors; a number is an int or a float (never a bool or a string) and finite.
-Building a config never touches the disk: ``train.init_from`` is resolved by ``train()``.
+Like ``ModelConfig``, every dataclass validates every field in ``__post_init__`` with one-line errors;
+a number is an int or a float (never a bool or a string) and finite. Building a config never touches
+the disk: ``train.init_from`` is resolved by ``train()``.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 from nanoattn.config.model import ModelConfig
 from nanoattn.positional import positions_refusal
-from nanoattn.runtime import DEVICES
+from nanoattn.runtime import DEVICES, check_compile_choice
 from nanoattn.tasks import EVAL_FACTORS, TASKS, Task
 from nanoattn.tasks.addition import HINTS
 from nanoattn.validation import (
@@ -142,7 +142,7 @@ class TrainConfig:
     keep_last: int | None = 2  # checkpoints kept; None = all
     seed: int = 0  # model init, dropout and the training batches
     dtype: str = "auto"  # float32 | bfloat16 (autocast, fp32 master weights) | auto (bf16 where fast)
-    compile: bool = False  # torch.compile the model (tens of seconds to compile on a CPU)
+    compile: bool | str = False  # torch.compile the step: true | false | auto (runtime.compile_choice)
     device: str = "auto"  # auto (cuda > mps > cpu) | cpu | cuda | mps
     resume: Any = False  # false | true (latest checkpoint in out_dir) | a checkpoint or run directory
     # A checkpoint or run directory: its weights, a fresh optimizer, step 0. With resume, the run's own
@@ -192,8 +192,8 @@ class TrainConfig:
             check_number(own, name, getattr(self, name), "must be a non-negative number", lambda x: x >= 0)
         for name in ("beta1", "beta2"):
             check_number(own, name, getattr(self, name), "must be in [0, 1)", lambda x: 0 <= x < 1)
-        for name in ("decay_embeddings", "compile"):
-            check_bool(own, name, getattr(self, name))
+        check_bool(own, "decay_embeddings", self.decay_embeddings)
+        check_compile_choice(own, "compile", self.compile)
         check_choice(own, "dtype", self.dtype, TRAIN_DTYPES)
         check_choice(own, "device", self.device, DEVICES)
         if not isinstance(self.resume, bool):

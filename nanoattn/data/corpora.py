@@ -45,6 +45,7 @@ from typing import Any
 
 from nanoattn.config import DataConfig
 from nanoattn.data.errors import DataError
+from nanoattn.runtime import cache_dir
 
 
 def _datasets():
@@ -80,11 +81,6 @@ class Corpus:
     val: list[Document]
     source: str  # where the text came from, for meta.json and the summary
     validation: str  # how the validation documents were chosen, in one line
-
-
-def cache_dir() -> Path:
-    """Downloads live here: ``$NANOATTN_CACHE`` or ``~/.cache/nanoattn``."""
-    return Path(os.environ.get("NANOATTN_CACHE") or "~/.cache/nanoattn").expanduser()
 
 
 def load_corpus(cfg: DataConfig) -> Corpus:

@@ -66,7 +66,15 @@ from nanoattn.data.tasks import CHECK_STREAM
 from nanoattn.eval.tasks import DEFAULT_PER_BIN, evaluate_task
 from nanoattn.logging import make_logger, note, truncate_metrics
 from nanoattn.model import GPT
-from nanoattn.runtime import autocast, autocast_dtype, exclusive_lock, pick_device, write_atomic
+from nanoattn.runtime import (
+    autocast,
+    autocast_dtype,
+    compile_choice,
+    exclusive_lock,
+    pick_device,
+    use_compile_cache,
+    write_atomic,
+)
 from nanoattn.train import distributed
 from nanoattn.train.optim import lr_at, optimizer_for
 from nanoattn.train.run_data import training_data
@@ -128,6 +136,7 @@ class _Run:
         self.t = cfg.train
         self.seq_len = cfg.seq_len
         amp_dtype, self.amp_reason = autocast_dtype(self.t.dtype, device)
+        self.compiled, self.compile_reason = compile_choice(self.t.compile, device)
         self.autocast = lambda: autocast(device, amp_dtype)
         self.started = False  # this process wrote the run's config.yaml
 
@@ -194,7 +203,7 @@ class _Run:
                          "a fresh optimizer, step 0")
         self._seed_rngs(state)
 
-        net = wrap_for_training(model, ddp=d.enabled, compile=t.compile, device=self.device)
+        net = wrap_for_training(model, ddp=d.enabled, compile=self.compiled, device=self.device)
 
         self.model, self.net, self.optimizer, self.data = model, net, optimizer, data
         self.run_dir, self.ckpt_root = run_dir, run_dir / "checkpoints"
@@ -242,7 +251,8 @@ class _Run:
                  f"without embeddings), pos={self.cfg.model.pos}, {self.cfg.model.n_layer} layers, "
                  f"d_model={self.cfg.model.d_model}, {self.cfg.model.n_head} heads / "
                  f"{self.cfg.model.n_kv_head} kv heads")
-        self.say(f"train: {t.max_steps - start} steps on {self.device} ({self.amp_reason}), global batch "
+        self.say(f"train: {t.max_steps - start} steps on {self.device} ({self.amp_reason}, "
+                 f"{self.compile_reason}), global batch "
                  f"{t.batch_size} x {t.grad_accum} x {d.world_size} x {self.seq_len} = "
                  f"{self.tokens_per_step:,} tokens, {t.schedule} lr {t.lr:g}")
 
@@ -281,6 +291,9 @@ class _Run:
                 count += t.grad_accum
                 bad |= ~torch.isfinite(grad_norm)
                 step += 1
+                if self.compiled and step == start + 1:
+                    self.say(f"first step, compilation included: {time.perf_counter() - t0:.1f} s "
+                             f"(the kernels are cached in {use_compile_cache()} for later runs)")
 
                 final = step == t.max_steps
                 # Under DDP the ranks agree on stopping through a collective, once per log window.

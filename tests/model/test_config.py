@@ -159,7 +159,8 @@ def test_a_run_longer_than_a_learned_length_is_refused_and_any_other_run_is_not(
 WRONG_TYPE: dict[str, tuple] = {
     "int": ("4", 2.5, True), "int | None": ("4", 2.5, True),
     "float": ("0.5", True, None), "float | None": ("0.5", True),
-    "bool": ("yes", 1, None), "str": (1, None), "str | None": (1, ["a"]), "list[str]": ("a.txt", [1]),
+    "bool": ("yes", 1, None), "bool | str": ("yes", 1, None), "str": (1, None), "str | None": (1, ["a"]),
+    "list[str]": ("a.txt", [1]),
     "dict[str, Any] | None": ("linear", [2.0]), "list[int] | None": ("0123456789", [1.5] * 10),
     **{section: (1,) for section in ("TokenizerConfig", "ModelConfig", "DataConfig", "TrainConfig",
                                      "LoggerConfig", "TaskConfig")},

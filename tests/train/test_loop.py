@@ -300,3 +300,22 @@ def test_a_run_at_random_positions_resumes_exactly(tmp_path, tiny_config, compar
     plain = train(tiny_config(tmp_path / "plain", ckpt_interval=4, schedule="constant", max_steps=8))
     first = [read_metrics(run / "metrics.jsonl")[0]["train_loss"] for run in (reference, plain)]
     assert first[0] != first[1]  # the positions reached the model
+
+
+def test_a_compiled_run_trains_the_same_losses_within_bf16_rounding_and_caches_its_kernels(
+        tmp_path, tiny_config, monkeypatch, capsys):
+    """torch.compile changes how the step is computed, not what: fused kernels keep some float32
+    intermediates that eager rounds to bf16, so each step's loss may move by bf16's rounding unit
+    (2^-8 relative), never more. The kernels land in the compile cache, the run names it."""
+    cache = tmp_path / "inductor"
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(cache))
+    losses = {}
+    for compiled in (False, True):
+        run_dir = train(tiny_config(tmp_path / str(compiled), dtype="bfloat16", compile=compiled, max_steps=6,
+                                    eval_interval=0, ckpt_interval=0))
+        records = read_metrics(run_dir / "metrics.jsonl")
+        losses[compiled] = [r["train_loss"] for r in records if "train_loss" in r]
+    assert len(losses[True]) == 6
+    assert losses[True] == pytest.approx(losses[False], rel=2**-8)
+    assert f"the kernels are cached in {cache}" in capsys.readouterr().err
+    assert any(cache.rglob("*.py"))  # Inductor's generated code, kept for the next run of this shape
