@@ -22,6 +22,7 @@ import os
 import secrets
 import socket
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlparse
@@ -84,6 +85,19 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
             raise ValueError(f"{path}:{number} is not a metrics record (a JSON object with an integer step)")
         records.append(record)
     return records
+
+
+def training_seconds(records: Sequence[Mapping[str, Any]]) -> list[float]:
+    """The seconds a run had trained by each of its metrics records: every log window's tokens over
+    its tok_per_s, summed, so evaluations, checkpoints and the time between a kill and its resumption
+    are left out."""
+    seconds, tokens, out = 0.0, 0, []
+    for record in records:
+        if record.get("tok_per_s", 0) > 0:
+            seconds += (record["tokens"] - tokens) / record["tok_per_s"]
+            tokens = record["tokens"]
+        out.append(seconds)
+    return out
 
 
 def truncate_metrics(path: str | Path, step: int) -> None:

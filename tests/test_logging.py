@@ -121,3 +121,9 @@ def test_the_console_without_a_terminal_prints_one_line_per_record(capsys):
     lines = capsys.readouterr().err.splitlines()
     assert lines == ["step 5: train_loss 2.5000, lr 1.00e-03, 1,234 tok/s",
                      "step 10: train_loss 2.0000, lr 1.00e-04, 1,000 tok/s; val_loss 2.1000, val_bpb 1.2000"]
+
+
+def test_training_seconds_sum_each_log_windows_tokens_over_its_rate_and_skip_evaluations():
+    records = [{"step": 10, "tokens": 100, "tok_per_s": 50.0}, {"step": 10, "val_loss": 2.0},
+               {"step": 20, "tokens": 300, "tok_per_s": 100.0}]
+    assert nl.training_seconds(records) == [2.0, 2.0, 4.0]

@@ -32,7 +32,7 @@ import yaml
 
 from nanoattn.bench.core import BenchConfig, Row, section
 from nanoattn.config import ModelConfig, RunConfig, preset
-from nanoattn.logging import read_metrics
+from nanoattn.logging import read_metrics, training_seconds
 from nanoattn.train import train
 
 
@@ -59,14 +59,8 @@ def recipe(overrides: Sequence[str], base_model: ModelConfig | None = None, **tr
 
 def training_curve(metrics: Sequence[Mapping[str, Any]]) -> list[tuple[float, float]]:
     """(training seconds so far, val_bpb) at each evaluation, from a run's metrics records."""
-    seconds, tokens, curve = 0.0, 0, []
-    for record in metrics:
-        if "tok_per_s" in record and record["tok_per_s"] > 0:
-            seconds += (record["tokens"] - tokens) / record["tok_per_s"]
-            tokens = record["tokens"]
-        if "val_bpb" in record:
-            curve.append((seconds, record["val_bpb"]))
-    return curve
+    return [(seconds, record["val_bpb"]) for seconds, record in zip(training_seconds(metrics), metrics,
+                                                                     strict=True) if "val_bpb" in record]
 
 
 def time_to(curve: Sequence[tuple[float, float]], target: float) -> float | None:

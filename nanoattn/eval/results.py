@@ -195,7 +195,13 @@ def header_lines(page: Mapping[str, Any]) -> list[str]:
              "```bash", page["command"], "```", "",
              f"- commit `{page['commit']}`{dirty}, {page['date']}", f"- machine: {machine_text}"]
     if page.get("wall_seconds") is not None:
-        lines.append(f"- wall time: {page['wall_seconds'] / 60:.1f} minutes")
+        minutes = page["wall_seconds"] / 60
+        lines.append(f"- wall time: {minutes:.1f} minutes for this command (what it trained included; runs "
+                     "it reused trained before it)")
+    if page.get("trained_runs"):
+        minutes = page["training_seconds"] / 60
+        lines.append(f"- training: {minutes:.1f} minutes over its {page['trained_runs']} runs, each run's "
+                     "log windows summed (its metrics.jsonl), evaluations left out")
     return lines
 
 

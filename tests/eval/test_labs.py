@@ -45,8 +45,8 @@ def save_run(run: Path, data_dir: Path, *, seed: int, step: int = 100, last: int
     (run / "config.yaml").write_text(f"data:\n  root: {data_dir.parent}\n  name: {data_dir.name}\n"
                                      f"train:\n  max_steps: {last}\n"
                                      f"  stop_at_accuracy: {json.dumps(stop_at_accuracy)}\n")
-    records = [{"step": 10, "tok_per_s": 1000.0 + seed},
-               {"step": 20, "tok_per_s": 3000.0, "max_attn_logit": 7.5}]
+    records = [{"step": 10, "tokens": 1000, "tok_per_s": 1000.0 + seed},
+               {"step": 20, "tokens": 2000, "tok_per_s": 3000.0, "max_attn_logit": 7.5}]
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     return run
 
@@ -194,6 +194,9 @@ def test_the_budget_calibration_gives_each_rows_steps_and_the_budget_from_the_sl
     assert page["notes"] == ["**Budget: 2 × 1,800 steps (addition/rope, the slowest to learn) = 3,600 "
                              "steps**, the task lab's `train.max_steps` (`configs/experiment/tasks.yaml`)."]
     assert page["notes"][0] in (runs / "task_budget.md").read_text()
+    # Each run's two log windows of 1,000 tokens, at 1,000 and 3,000 tokens/s: 4/3 s of training.
+    assert (page["trained_runs"], page["training_seconds"]) == (4, pytest.approx(4 * 4 / 3))
+    assert "- training: 0.1 minutes over its 4 runs" in (runs / "task_budget.md").read_text()
 
 
 def test_the_addition_calibration_scores_operands_of_exactly_one_two_and_three_digits():

@@ -37,7 +37,7 @@ from nanoattn.checkpoint import CheckpointError, read_checkpoint_config, read_ru
 from nanoattn.commands.eval_length import LengthEvalConfig
 from nanoattn.eval.results import Claim, check_page_output, git_state, record, render_page, write_page
 from nanoattn.eval.runs import is_path
-from nanoattn.logging import read_metrics
+from nanoattn.logging import read_metrics, training_seconds
 from nanoattn.runtime import DTYPES, check_device_name
 from nanoattn.train.run_dir import reached_accuracy
 from nanoattn.validation import check_bool, check_choice, check_positive_int, check_seed, fail
@@ -238,6 +238,7 @@ def run_lab(lab: Lab, cfg: LabRunsConfig, trainer: Sequence[str]) -> dict[str, A
     values: dict[str, dict[str, list[float | None]]] = {}
     status: dict[str, str] = {}
     figure_reports, figure_labels = [], []
+    trained: dict[Path, float] = {}  # each finished run's training seconds (rows may share runs)
     for row in rows:
         reports, unfinished = [], []
         for seed in cfg.seeds:
@@ -248,6 +249,7 @@ def run_lab(lab: Lab, cfg: LabRunsConfig, trainer: Sequence[str]) -> dict[str, A
                 reports.append(None)
                 continue
             reports.append(lab.evaluate(cfg, run, row))
+            trained[run] = training_seconds(read_metrics(run / "metrics.jsonl"))[-1]
         cells = [lab.cells(r) if r is not None else None for r in reports]
         columns = list(dict.fromkeys(c for one in cells if one for c in one))
         values[row.label] = {c: [one.get(c) if one else None for one in cells] for c in columns}
@@ -260,7 +262,8 @@ def run_lab(lab: Lab, cfg: LabRunsConfig, trainer: Sequence[str]) -> dict[str, A
             figure_labels.append(row.label)
         print(f"{row.label}: evaluated ({time.perf_counter() - began:.0f} s)", flush=True)
     page = record(lab.name, lab.title, lab.about, cfg.seeds, values, claims=lab.claims, status=status,
-                  notes=lab.notes(values), wall_seconds=time.perf_counter() - began, **origin)
+                  notes=lab.notes(values), wall_seconds=time.perf_counter() - began,
+                  training_seconds=sum(trained.values()), trained_runs=len(trained), **origin)
     path = write_page(out, page, figure=(lambda p: lab.plot(figure_reports, figure_labels, p))
                       if figure_reports else None, key=f"{cfg.owner}.out")
     print(render_page(page), end="")
