@@ -296,9 +296,10 @@ def _choices_checked(overrides: list[str]) -> None:
      ["train.optimizer='muon' (the recipe: 'adamw')"]),
     (["experiment=tasks", "task=copy", "recipe=labs"], ["train.lr=0.001 (the recipe: 0.006)"]),
     (["experiment=passkey", "pos=rope", "recipe=default"],
-     ["train.lr=0.001 (the recipe: 0.01)", "train.max_steps=1200 (the recipe: 1300)"]),
+     ["train.lr=0.001 (the recipe: 0.01)", "train.max_steps=1200 (the recipe: 1700)"]),
     (["experiment=debug", "recipe=default"],
-     ["train.max_steps=20 (the recipe: 1300)", "train.warmup_steps=2 (the recipe: 50)"]),
+     ["train.max_steps=20 (the recipe: 1700)", "train.warmup_steps=2 (the recipe: 50)",
+      "train.compile=False (the recipe: 'auto')"]),
 ])
 def test_a_recipe_an_experiment_would_override_is_refused_naming_both(overrides, conflicts):
     """The experiment's keys come after the recipe's: a key both set would drop the recipe's value."""
@@ -314,7 +315,8 @@ def test_a_recipe_an_experiment_would_override_is_refused_naming_both(overrides,
     ["experiment=passkey", "pos=rope"],  # its own recipe (labs) with its own rate: the experiment's choice
     ["experiment=debug", "recipe=labs"],  # labs sets nothing debug sets: applied whole
     ["experiment=extrapolation", "pos=rope", "recipe=adamw_baseline"],  # replaces the experiment's labs
-    ["experiment=debug", "recipe=default", "train.max_steps=20", "train.warmup_steps=2"],  # the user's keys
+    ["experiment=debug", "recipe=default", "train.max_steps=20", "train.warmup_steps=2",
+     "train.compile=false"],  # the user's keys
     ["recipe=adamw_baseline"],  # no experiment
 ])
 def test_a_recipe_is_applied_whole_when_nothing_overrides_it(overrides):
