@@ -7,7 +7,7 @@
   a CUDA GPU that supports it, or a CPU with AMX (``amx_bf16``) or AVX512-BF16
   (``avx512_bf16``) read from /proc/cpuinfo. Elsewhere bf16 is emulated and slower than float32.
 - Compilation (``true | false | auto``): ``torch.compile`` needs Inductor's compiler, a C++
-  compiler for a CPU (``$CXX``, else g++) and Triton for a CUDA GPU. ``auto`` compiles where it is
+  compiler for a CPU (``$CXX``, else g++), Triton for a CUDA GPU. ``auto`` compiles where it is
   there; ``true`` without it is refused before anything runs, not at the first step. Compiled
   kernels are cached under ``cache_dir()`` (not /tmp, which a reboot clears), so a shape is
   compiled once per machine.
@@ -110,7 +110,7 @@ def compiler_missing(device: torch.device) -> str | None:
         return None if shutil.which(compiler) else f"no C++ compiler ({compiler}, or $CXX) for the CPU"
     if device.type == "cuda":
         return None if importlib.util.find_spec("triton") else "no Triton for the GPU"
-    return f"no Inductor backend for {device.type}"
+    return None  # mps: Inductor writes Metal shaders, which the OS compiles
 
 
 def check_compile_choice(owner: str, name: str, value: object) -> None:
