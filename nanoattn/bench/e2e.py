@@ -45,8 +45,9 @@ def read_run_rate(run: str | Path) -> tuple[RunConfig, float, int]:
     return cfg, statistics.median(rates[1:]), len(rates) - 1
 
 
-def step_rate(cfg: RunConfig, device: torch.device, reps: int, seconds: float) -> tuple[float, str]:
-    """(tokens/s of the training script's optimizer step for ``cfg`` without the script; autocast).
+def step_rate(cfg: RunConfig, device: torch.device, reps: int, seconds: float) -> tuple[float, str, str]:
+    """(tokens/s of the training script's optimizer step for ``cfg`` without the script; autocast;
+    compilation).
 
     Timed like the script's records: windows of ``train.log_interval`` steps, at least ``reps``
     of them and at least ``seconds`` in all, after a warm-up window; the median window's rate.
@@ -58,7 +59,8 @@ def step_rate(cfg: RunConfig, device: torch.device, reps: int, seconds: float) -
         model = GPT(cfg.model)
     model.train()
     optimizer = optimizer_for(model, t, device)
-    net = wrap_for_training(model, ddp=False, compile=compile_choice(t.compile, device)[0], device=device)
+    compiled, compile_reason = compile_choice(t.compile, device)
+    net = wrap_for_training(model, ddp=False, compile=compiled, device=device)
     shape = (t.batch_size, cfg.seq_len)
     batches = [(random_tokens(cfg.model.vocab_size, shape, device, seed=2 * m),  # [B, T]
                 random_tokens(cfg.model.vocab_size, shape, device, seed=2 * m + 1))  # [B, T]
@@ -76,7 +78,8 @@ def step_rate(cfg: RunConfig, device: torch.device, reps: int, seconds: float) -
     windows = [window()]
     while len(windows) < reps or sum(windows) < seconds:
         windows.append(window())
-    return t.log_interval * t.batch_size * t.grad_accum * cfg.seq_len / statistics.median(windows), reason
+    rate = t.log_interval * t.batch_size * t.grad_accum * cfg.seq_len / statistics.median(windows)
+    return rate, reason, compile_reason
 
 
 @section("e2e")
@@ -85,9 +88,8 @@ def e2e_section(cfg: BenchConfig, done: Mapping[str, list[Row]]) -> list[Row]:
     if cfg.run is None:
         return [dict(note="skipped: pass run=<run directory> (python scripts/train.py writes one)")]
     run_cfg, run_rate, windows = read_run_rate(cfg.run)
-    rate, reason = step_rate(run_cfg, cfg.torch_device(), cfg.reps, cfg.e2e_seconds)
+    rate, reason, compile_reason = step_rate(run_cfg, cfg.torch_device(), cfg.reps, cfg.e2e_seconds)
     m, t = run_cfg.model, run_cfg.train
     return [dict(run=str(cfg.run), shape=shape_text(m, t.batch_size * t.grad_accum, run_cfg.seq_len),
-                 dtype=reason, compile=compile_choice(t.compile, cfg.torch_device())[1], windows=windows,
-                 script_tok_per_s=run_rate,
+                 dtype=reason, compile=compile_reason, windows=windows, script_tok_per_s=run_rate,
                  step_tok_per_s=rate, script_vs_step=run_rate / rate)]
