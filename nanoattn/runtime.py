@@ -7,10 +7,10 @@
   a CUDA GPU that supports it, or a CPU with AMX (``amx_bf16``) or AVX512-BF16
   (``avx512_bf16``) read from /proc/cpuinfo. Elsewhere bf16 is emulated and slower than float32.
 - Compilation (``true | false | auto``): ``torch.compile`` needs Inductor's compiler, a C++
-  compiler for a CPU (``$CXX``, else g++), Triton for a CUDA GPU. ``auto`` compiles where it is
-  there; ``true`` without it is refused before anything runs, not at the first step. Compiled
-  kernels are cached under ``cache_dir()`` (not /tmp, which a reboot clears), so a shape is
-  compiled once per machine.
+  compiler and Python's headers for a CPU (``$CXX``, else g++), Triton for a CUDA GPU. ``auto``
+  compiles where it is there; ``true`` without it is refused before anything runs, not at the
+  first step. Compiled kernels are cached under ``cache_dir()`` (not /tmp, which a reboot
+  clears), so a shape is compiled once per machine.
 - Atomic writes: a file is written beside its target under a dot-name and renamed over it, so a
   reader (or a kill at any instant) sees the old content or the new, never a torn file.
 - Memory: ``keep_freed_memory`` makes glibc's malloc serve blocks below 32 MiB from its heap
@@ -36,6 +36,7 @@ import json
 import os
 import platform
 import shutil
+import sysconfig
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -107,7 +108,10 @@ def compiler_missing(device: torch.device) -> str | None:
     """Why ``torch.compile`` cannot compile for ``device`` here (None: it can)."""
     if device.type == "cpu":
         compiler = os.environ.get("CXX", "g++")
-        return None if shutil.which(compiler) else f"no C++ compiler ({compiler}, or $CXX) for the CPU"
+        if not shutil.which(compiler):
+            return f"no C++ compiler ({compiler}, or $CXX) for the CPU"
+        headers = Path(sysconfig.get_path("include")) / "Python.h"  # Inductor's C++ kernels include it
+        return None if headers.is_file() else f"no Python headers ({headers}) for Inductor's C++ kernels"
     if device.type == "cuda":
         return None if importlib.util.find_spec("triton") else "no Triton for the GPU"
     return None  # mps: Inductor writes Metal shaders, which the OS compiles

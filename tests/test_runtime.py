@@ -42,6 +42,10 @@ def test_compile_auto_compiles_only_where_a_compiler_is_and_true_without_one_is_
                                          r"\(no-such-compiler, or \$CXX\) for the CPU; train.compile=auto"):
         runtime.compile_choice(True, cpu, "train.compile")
     assert runtime.compile_choice(False, cpu) == (False, "eager (train.compile=false)")
+    monkeypatch.setenv("CXX", sys.executable)
+    monkeypatch.setattr(runtime.sysconfig, "get_path", lambda name: "/no/such/include")
+    assert runtime.compile_choice("auto", cpu) == (
+        False, "eager (auto: no Python headers (/no/such/include/Python.h) for Inductor's C++ kernels)")
     for bad in ("yes", 1, None):
         with pytest.raises(ValueError, match=r"^bench.compile=.* is invalid: allowed: true \| false \| auto"):
             runtime.compile_choice(bad, cpu, "bench.compile")
