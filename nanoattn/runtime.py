@@ -77,14 +77,23 @@ def pick_device(name: str, key: str = "device") -> torch.device:
     return torch.device(name)
 
 
-def cpu_flags() -> set[str]:
-    """The CPU's feature flags from /proc/cpuinfo (empty where it does not exist)."""
+def _cpuinfo(field: str) -> str:
+    """The first value of ``field`` in /proc/cpuinfo ('' where there is none)."""
     try:
         with open("/proc/cpuinfo") as f:
-            line = next((ln for ln in f if ln.startswith("flags")), "")
+            return next((ln.partition(":")[2].strip() for ln in f if ln.startswith(field)), "")
     except OSError:
-        return set()
-    return set(line.partition(":")[2].split())
+        return ""
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags from /proc/cpuinfo (empty where it does not exist)."""
+    return set(_cpuinfo("flags").split())
+
+
+def cpu_name() -> str:
+    """The CPU's model name from /proc/cpuinfo, else the platform's processor, else 'unknown'."""
+    return _cpuinfo("model name") or platform.processor() or "unknown"
 
 
 def autocast_dtype(dtype: str, device: torch.device) -> tuple[torch.dtype | None, str]:

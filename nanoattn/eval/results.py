@@ -37,7 +37,7 @@ import torch
 from scipy import stats
 
 from nanoattn.eval.tables import format_table
-from nanoattn.runtime import check_output, cpu_flags, exclusive_lock, json_object_with, write_atomic
+from nanoattn.runtime import check_output, cpu_flags, cpu_name, exclusive_lock, json_object_with, write_atomic
 
 CONFIDENCE = 0.95
 # The flags that choose a CPU's kernels, and so its speed and its bf16 rounding.
@@ -79,14 +79,8 @@ class Claim:
 
 def machine() -> dict[str, Any]:
     """What moves the numbers: the CPU's model and kernel flags, threads, torch and Python."""
-    name = "unknown"
-    try:
-        with open("/proc/cpuinfo") as f:
-            name = next((ln.partition(":")[2].strip() for ln in f if ln.startswith("model name")), name)
-    except OSError:
-        pass
     flags = cpu_flags()
-    return {"cpu": name, "kernel_flags": [f for f in KERNEL_FLAGS if f in flags],
+    return {"cpu": cpu_name(), "kernel_flags": [f for f in KERNEL_FLAGS if f in flags],
             "threads": torch.get_num_threads(), "torch": torch.__version__,
             "python": sys.version.split()[0]}
 

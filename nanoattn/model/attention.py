@@ -60,6 +60,7 @@ from torch import nn
 
 from nanoattn.model.cache import KVCache, StreamingCache
 from nanoattn.model.gates import ExcludeSelf, OutputGate, ScalableSoftmax
+from nanoattn.model.kernels import Linear
 from nanoattn.model.layers import dropout
 from nanoattn.model.score_functions import SCORE_FUNCTIONS, ForgetGate
 from nanoattn.model.selective import SelectiveBias
@@ -295,8 +296,8 @@ class Attention(CausalAttention):
         super().__init__(cfg, layer)
         self.n_head, self.n_kv_head, self.head_dim = cfg.n_head, cfg.n_kv_head, cfg.head_dim
         kv_width = cfg.n_kv_head * cfg.head_dim
-        self.qkv = nn.Linear(cfg.d_model, cfg.d_model + 2 * kv_width, bias=cfg.bias)
-        self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
+        self.qkv = Linear(cfg.d_model, cfg.d_model + 2 * kv_width, bias=cfg.bias)
+        self.proj = Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
         self.qk_norm_at = cfg.qk_norm  # none | before_rope | after_rope
         self.qk_norm = QKNorm(cfg) if cfg.qk_norm != "none" else None
         # Value embeddings' (a, b) in v = a v + b e[token], from modded-nanogpt's (0.5, 0.5).

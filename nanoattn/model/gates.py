@@ -46,6 +46,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from nanoattn.model.kernels import Linear
+
 
 class OutputGate(nn.Module):
     def __init__(self, cfg) -> None:
@@ -53,7 +55,7 @@ class OutputGate(nn.Module):
         self.heads = cfg.attention_heads
         # Every attention's heads are d_model wide together (n_head x head_dim, or the pairs' 2 x head_dim).
         width = self.heads if cfg.attn_gate == "headwise" else cfg.d_model
-        self.proj = nn.Linear(cfg.d_model, width, bias=cfg.bias)
+        self.proj = Linear(cfg.d_model, width, bias=cfg.bias)
 
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """x [B, T, d_model] the attention's input, y the heads' outputs [B, heads, T, Dv] -> y gated."""

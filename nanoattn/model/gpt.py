@@ -21,6 +21,7 @@ from nanoattn.model.abacus import Abacus
 from nanoattn.model.attention import Attention, softcap
 from nanoattn.model.cache import KVCache, StreamingCache
 from nanoattn.model.gates import Canon
+from nanoattn.model.kernels import Linear
 from nanoattn.model.latent import LatentAttention
 from nanoattn.model.layers import dropout, make_mlp, make_norm
 from nanoattn.positional import build_positional, positions_refusal
@@ -70,7 +71,7 @@ class GPT(nn.Module):
         self.positions_refusal = positions_refusal(cfg)  # why given positions are refused; None: taken
         self.blocks = nn.ModuleList(Block(cfg, layer) for layer in range(cfg.n_layer))
         self.norm = make_norm(cfg)
-        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.lm_head = Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.tok_emb.weight
         self.apply(self._init_weights)

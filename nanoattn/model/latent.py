@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from nanoattn.model.attention import CausalAttention, key_positions
+from nanoattn.model.kernels import Linear
 from nanoattn.positional.rope import RotaryPositionalEncoding
 
 
@@ -32,15 +33,15 @@ class LatentAttention(CausalAttention):
         H, D, R = cfg.n_head, cfg.head_dim, cfg.mla_rope_dim
         self.low_rank_queries = cfg.mla_q_rank is not None
         if not self.low_rank_queries:
-            self.q_proj = nn.Linear(cfg.d_model, H * (D + R), bias=cfg.bias)
+            self.q_proj = Linear(cfg.d_model, H * (D + R), bias=cfg.bias)
         else:
-            self.q_a = nn.Linear(cfg.d_model, cfg.mla_q_rank, bias=cfg.bias)
+            self.q_a = Linear(cfg.d_model, cfg.mla_q_rank, bias=cfg.bias)
             self.q_norm = nn.RMSNorm(cfg.mla_q_rank, eps=cfg.norm_eps)
-            self.q_b = nn.Linear(cfg.mla_q_rank, H * (D + R), bias=cfg.bias)
-        self.kv_a = nn.Linear(cfg.d_model, self.rank + R, bias=cfg.bias)  # [latent | shared rotary key]
+            self.q_b = Linear(cfg.mla_q_rank, H * (D + R), bias=cfg.bias)
+        self.kv_a = Linear(cfg.d_model, self.rank + R, bias=cfg.bias)  # [latent | shared rotary key]
         self.kv_norm = nn.RMSNorm(self.rank, eps=cfg.norm_eps)
-        self.kv_b = nn.Linear(self.rank, H * 2 * D, bias=cfg.bias)  # per head [k_nope | v]
-        self.proj = nn.Linear(H * D, cfg.d_model, bias=cfg.bias)
+        self.kv_b = Linear(self.rank, H * 2 * D, bias=cfg.bias)  # per head [k_nope | v]
+        self.proj = Linear(H * D, cfg.d_model, bias=cfg.bias)
         self.rope = RotaryPositionalEncoding(cfg, [layer], head_dim=R)
 
     def _qkv(self, x, pos, positions, seq_len, cache, layer, value_embed):

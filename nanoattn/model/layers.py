@@ -6,6 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from nanoattn.model.kernels import Linear
+
 
 def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
     """F.dropout, not called when it is the identity: even then each call costs ~10 us of dispatch,
@@ -37,8 +39,8 @@ class TwoLayerMLP(nn.Module):
 
     def __init__(self, cfg) -> None:
         super().__init__()
-        self.up = nn.Linear(cfg.d_model, cfg.ffn_dim, bias=cfg.bias)
-        self.down = nn.Linear(cfg.ffn_dim, cfg.d_model, bias=cfg.bias)
+        self.up = Linear(cfg.d_model, cfg.ffn_dim, bias=cfg.bias)
+        self.down = Linear(cfg.ffn_dim, cfg.d_model, bias=cfg.bias)
         self.activation = ACTIVATIONS[cfg.mlp]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -50,8 +52,8 @@ class SwiGLUMLP(nn.Module):
 
     def __init__(self, cfg) -> None:
         super().__init__()
-        self.gate_up = nn.Linear(cfg.d_model, 2 * cfg.ffn_dim, bias=cfg.bias)
-        self.down = nn.Linear(cfg.ffn_dim, cfg.d_model, bias=cfg.bias)
+        self.gate_up = Linear(cfg.d_model, 2 * cfg.ffn_dim, bias=cfg.bias)
+        self.down = Linear(cfg.ffn_dim, cfg.d_model, bias=cfg.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up(x).chunk(2, dim=-1)  # [B, T, d_ff] each

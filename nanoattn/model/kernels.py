@@ -1,0 +1,123 @@
+"""Kernels chosen by measurement on the machine at hand, where the fastest one depends on the CPU and
+its BLAS rather than on the computation: ``fastest_kernel`` times the candidates the first time a
+shape is met and remembers the choice, and ``Linear`` uses it for decoding's few-row products.
+
+A product of a few rows by a weight, [M, in] @ [out, in]^T, is a matrix-vector product that some
+BLAS libraries run on a single core; the same dot products as one batched product of the weight's
+row blocks run on every core. Which is faster depends on the CPU, so it is measured, not assumed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import math
+import time
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from nanoattn.runtime import cache_dir, cpu_name, write_atomic
+
+KERNEL_CHOICES = "kernels.json"  # in cache_dir(): {machine: {"<what> <shape>": kernel name}}
+_kernel_choices: dict[str, str] = {}  # this process's, by "<machine> <what> <shape>"
+
+
+@functools.cache
+def _kernel_machine(threads: int) -> str:
+    """What a kernel's speed depends on besides its shape: the CPU, torch's build and its threads."""
+    capability = torch.backends.cpu.get_cpu_capability()
+    return f"{cpu_name()} | {capability} | torch {torch.__version__} | {threads} threads"
+
+
+def fastest_kernel(what: str, shape: str, kernels: dict[str, Callable[[], object]], repeats: int = 5) -> str:
+    """The name of the fastest of ``kernels`` (calls that compute the same thing) on this machine.
+
+    The first time ``what`` is asked for at ``shape``, the kernels are timed alternately, ``repeats``
+    times each, and the fastest single time wins; the choice is then remembered in this process and in
+    ``cache_dir()/KERNEL_CHOICES`` under the machine's CPU, torch and thread count, so that later runs
+    on the machine take the same kernels, and round alike, without timing them again. Another
+    process writing at the same moment may drop a choice from the file; it is then measured again.
+    """
+    machine = _kernel_machine(torch.get_num_threads())
+    key = f"{what} {shape}"
+    if (found := _kernel_choices.get(f"{machine} {key}")) is not None:
+        return found
+    path = cache_dir() / KERNEL_CHOICES
+    try:
+        known = json.loads(path.read_text())
+    except (OSError, ValueError):  # none yet, or unreadable: measured again and rewritten
+        known = {}
+    if not isinstance(known, dict) or not isinstance(known.get(machine, {}), dict):
+        known = {}
+    choice = known.get(machine, {}).get(key)
+    if choice not in kernels:
+        best = dict.fromkeys(kernels, float("inf"))
+        for _ in range(repeats):  # alternated, so a change in the machine's load meets every kernel
+            for name, run in kernels.items():
+                start = time.perf_counter()
+                run()
+                best[name] = min(best[name], time.perf_counter() - start)
+        choice = min(best, key=best.__getitem__)
+        known.setdefault(machine, {})[key] = choice
+        with contextlib.suppress(OSError):  # a read-only cache costs a measurement per process
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(path, json.dumps(known, indent=1, sort_keys=True) + "\n")
+    _kernel_choices[f"{machine} {key}"] = choice
+    return choice
+
+
+# Rows up to which a product without autograd picks its kernel by measurement: decoding's, one per
+# sequence. Larger products (training, prefill, evaluation) are matrix products BLAS runs well.
+MEASURED_ROWS = 64
+
+
+def row_block_linear(x: torch.Tensor, weight: torch.Tensor, blocks: int) -> torch.Tensor:
+    """x [M, in] @ weight [out, in]^T -> [M, out], as one batched product of the weight's ``blocks``
+    row blocks [out / blocks, in] by x^T (``blocks`` divides out). A BLAS may run the plain product
+    of a few rows on one core; it parallelises a batch over its blocks."""
+    rows, (out, width) = x.shape[0], weight.shape
+    y = torch.bmm(weight.view(blocks, out // blocks, width), x.T.expand(blocks, width, rows))
+    return y.permute(2, 0, 1).reshape(rows, out)  # [blocks, out / blocks, M] -> [M, out]
+
+
+class Linear(nn.Linear):
+    """nn.Linear whose products of at most ``MEASURED_ROWS`` rows on a CPU without autograd (a
+    decoding step's) take the faster of F.linear and ``row_block_linear`` here, timed the first time
+    a shape is met (``fastest_kernel``). Both compute the same dot products and differ by rounding
+    only. Compiled code takes F.linear: Inductor picks its own kernels."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        # (rows, dtype, device, autocast, threads) -> row blocks; 0: F.linear
+        self.row_blocks: dict[tuple, int] = {}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.shape[:-1].numel()
+        if torch.is_grad_enabled() or rows > MEASURED_ROWS or torch.compiler.is_compiling():
+            return F.linear(x, self.weight, self.bias)
+        key = (rows, x.dtype, x.device, torch.is_autocast_enabled("cpu"), torch.get_num_threads())
+        blocks = self.row_blocks.get(key)
+        if blocks is None:
+            blocks = self.row_blocks[key] = self._measure(x.reshape(rows, -1))
+        if not blocks:
+            return F.linear(x, self.weight, self.bias)
+        y = row_block_linear(x.reshape(rows, -1), self.weight, blocks)
+        y = y if self.bias is None else y + self.bias.to(y.dtype)
+        return y.view(*x.shape[:-1], -1)
+
+    def _measure(self, x: torch.Tensor) -> int:
+        """The row blocks for x [rows, in] here, one per thread where they divide the rows of the
+        weight (0: F.linear is faster), by ``fastest_kernel``."""
+        if x.device.type != "cpu":
+            return 0
+        out, width = self.weight.shape
+        blocks = math.gcd(out, torch.get_num_threads())
+        dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else x.dtype
+        kernels = {"linear": lambda: F.linear(x, self.weight),
+                   "row blocks": lambda: row_block_linear(x, self.weight, blocks)}
+        shape = f"[{x.shape[0]}, {width}] x [{out}, {width}]^T {str(dtype).removeprefix('torch.')}"
+        return blocks if fastest_kernel("linear", shape, kernels) == "row blocks" else 0

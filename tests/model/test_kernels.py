@@ -1,0 +1,117 @@
+"""Kernels chosen by measurement (``nanoattn.model.kernels``).
+
+What is asserted:
+
+- ``row_block_linear`` computes x W^T within the dot products' own rounding bound, the bound any
+  summation order meets (so it holds on every CPU), for any number of row blocks dividing the rows;
+- ``fastest_kernel`` times the candidates once, picks the faster, and remembers the choice in the
+  process and in the cache file under the machine (CPU, torch, threads); a file that is unreadable
+  or names a kernel no longer offered is measured again and rewritten;
+- ``Linear`` asks for a choice only for few rows without autograd, once per shape, and computes
+  F.linear's product either way (bias and leading dims included); with autograd or many rows it is
+  F.linear bit for bit.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from nanoattn.model import kernels
+from nanoattn.model.kernels import MEASURED_ROWS, Linear, fastest_kernel, row_block_linear
+
+
+def assert_within_dot_product_bound(ours: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
+                                    bias: torch.Tensor | None = None) -> None:
+    """|ours - (x W^T + b)| <= gamma_n (|x| |W|^T + |b|) elementwise, gamma_n = n u / (1 - n u) for
+    sums of n products in ours' dtype (unit roundoff u; the bias is one more term), whatever their
+    order, with the exact result computed in float64. x [M, in], ours [M, out]."""
+    n, u = x.shape[-1] + (bias is not None), torch.finfo(ours.dtype).eps / 2
+    gamma = n * u / (1 - n * u)
+    exact = x.double() @ weight.double().T
+    bound = gamma * (x.double().abs() @ weight.double().abs().T)
+    if bias is not None:
+        exact, bound = exact + bias.double(), bound + gamma * bias.double().abs()
+    assert ((ours.double() - exact).abs() <= bound).all()
+
+
+@pytest.mark.parametrize("rows", [1, 3, 8])
+@pytest.mark.parametrize("out,blocks", [(12, 1), (12, 2), (12, 3), (12, 4), (96, 8)])
+def test_row_blocks_compute_the_product(rows, out, blocks):
+    x, weight = torch.randn(rows, 40), torch.randn(out, 40)
+    y = row_block_linear(x, weight, blocks)
+    assert y.shape == (rows, out)
+    assert_within_dot_product_bound(y, x, weight)
+
+
+@pytest.fixture
+def fresh_choices(monkeypatch, tmp_path):
+    """An empty kernel-choice cache, in this process and on disk: the cache file's path."""
+    monkeypatch.setenv("NANOATTN_CACHE", str(tmp_path))
+    monkeypatch.setattr(kernels, "_kernel_choices", {})
+    return tmp_path / kernels.KERNEL_CHOICES
+
+
+def counting(calls: dict[str, int], name: str, seconds: float):
+    def run() -> None:
+        calls[name] += 1
+        time.sleep(seconds)
+    return run
+
+
+def test_the_fastest_kernel_is_timed_once_and_remembered(fresh_choices, monkeypatch):
+    calls = {"slow": 0, "fast": 0}
+    candidates = {"slow": counting(calls, "slow", 0.005), "fast": counting(calls, "fast", 0)}
+    assert fastest_kernel("op", "[2, 3]", candidates, repeats=3) == "fast"
+    assert calls == {"slow": 3, "fast": 3}
+    assert fastest_kernel("op", "[2, 3]", candidates) == "fast"  # this process remembers
+    monkeypatch.setattr(kernels, "_kernel_choices", {})  # as a later process starts
+    assert fastest_kernel("op", "[2, 3]", candidates) == "fast"  # the file remembers
+    assert calls == {"slow": 3, "fast": 3}
+    (machine, choices), = json.loads(fresh_choices.read_text()).items()
+    assert f"torch {torch.__version__}" in machine and f"{torch.get_num_threads()} threads" in machine
+    assert choices == {"op [2, 3]": "fast"}
+    fastest_kernel("op", "[4, 3]", candidates, repeats=1)  # another shape is another measurement
+    assert calls == {"slow": 4, "fast": 4}
+
+
+def test_an_unreadable_file_or_a_retired_kernel_is_measured_again(fresh_choices, monkeypatch):
+    calls = {"slow": 0, "fast": 0}
+    candidates = {"slow": counting(calls, "slow", 0.005), "fast": counting(calls, "fast", 0)}
+    fresh_choices.write_text("{ not json")
+    assert fastest_kernel("op", "[1]", candidates, repeats=1) == "fast"
+    machine = next(iter(json.loads(fresh_choices.read_text())))
+    fresh_choices.write_text(json.dumps({machine: {"op [1]": "retired"}}))
+    monkeypatch.setattr(kernels, "_kernel_choices", {})
+    assert fastest_kernel("op", "[1]", candidates, repeats=1) == "fast"
+    assert calls == {"slow": 2, "fast": 2}
+    assert json.loads(fresh_choices.read_text()) == {machine: {"op [1]": "fast"}}
+
+
+@pytest.mark.parametrize("choice", ["row blocks", "linear"])
+def test_linear_asks_for_few_rows_without_autograd_and_computes_the_same(monkeypatch, choice):
+    asked = []
+    monkeypatch.setattr(kernels, "fastest_kernel",
+                        lambda what, shape, candidates: asked.append(shape) or choice)
+    layer = Linear(40, 12, bias=True)
+    with torch.no_grad():
+        layer.bias.normal_()
+        x = torch.randn(2, 3, 40)
+        y = layer(x)
+        layer(torch.randn(2, 3, 40))
+    assert asked == ["[6, 40] x [12, 40]^T float32"]  # once per shape
+    assert y.shape == (2, 3, 12)
+    if choice == "linear":
+        assert torch.equal(y, F.linear(x, layer.weight, layer.bias))
+    else:
+        assert_within_dot_product_bound(y.view(6, 12), x.view(6, 40), layer.weight, layer.bias)
+    with torch.no_grad():
+        many = torch.randn(MEASURED_ROWS + 1, 40)
+        assert torch.equal(layer(many), F.linear(many, layer.weight, layer.bias))
+    trained = layer(x)
+    assert trained.requires_grad and torch.equal(trained, F.linear(x, layer.weight, layer.bias))
+    assert len(asked) == 1
