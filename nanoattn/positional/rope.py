@@ -80,6 +80,8 @@ class RotaryPositionalEncoding(PositionalEncoding):
         self.length_dependent_rotation = rope_depends_on_length(cfg.rope_scaling)
         # (device, table length or the dynamic seq_len) -> (cos, sin), each [L, rotary_dim // 2] float32
         self._tables: dict[torch.device, tuple[int, torch.Tensor, torch.Tensor]] = {}
+        # (positions, seq_len, dtype, cos, sin) of the last ``rotation``, which the next layer reuses
+        self._last_rotation: tuple | None = None
 
     @classmethod
     def check_config(cls, cfg) -> None:
@@ -134,14 +136,33 @@ class RotaryPositionalEncoding(PositionalEncoding):
         (old, old_factor), (new, new_factor) = (self.frequencies(n) for n in (old_len, new_len))
         return old_factor != new_factor or not torch.equal(old, new)
 
+    def rotation(self, positions: torch.Tensor, seq_len: int, dtype: torch.dtype,
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin at positions [T] or [B, T], [1 or B, 1, T, rotary_dim] in ``dtype``, each half
+        repeated and sin's first half negated, so that x rotates as x cos + roll(x, rotary_dim / 2) sin.
+
+        Every layer rotates at the same positions, so on a CPU the last ones are kept and reused while
+        the positions are equal, not rebuilt per layer. On an accelerator comparing them would wait for
+        the device, and compiled code fuses the rebuild: there they are rebuilt."""
+        last = self._last_rotation
+        if (last is not None and positions.device.type == "cpu" and not torch.compiler.is_compiling()
+                and last[1:3] == (seq_len, dtype) and last[0].shape == positions.shape
+                and last[0].device == positions.device and torch.equal(last[0], positions)):
+            return last[3], last[4]
+        cos, sin = self.cos_sin(seq_len, positions.device)
+        cos, sin = cos[positions], sin[positions]  # float32 [(B,) T, rotary_dim // 2]
+        cos = torch.cat((cos, cos), dim=-1).to(dtype).unsqueeze(-3)  # shared by the heads
+        sin = torch.cat((-sin, sin), dim=-1).to(dtype).unsqueeze(-3)
+        self._last_rotation = (positions.clone(), seq_len, dtype, cos, sin)
+        return cos, sin
+
     def rotate(self, x: torch.Tensor, positions: torch.Tensor, seq_len: int) -> torch.Tensor:
-        cos, sin = self.cos_sin(seq_len, x.device)
-        # [1 or B, 1, T, rotary_dim // 2]: shared by the heads, and by the rows unless given per token
-        cos, sin = cos[positions].to(x.dtype).unsqueeze(-3), sin[positions].to(x.dtype).unsqueeze(-3)
+        cos, sin = self.rotation(positions, seq_len, x.dtype)
         if self.rotary_dim == self.head_dim:
-            x1, x2 = x.chunk(2, dim=-1)  # [B, h, T, head_dim // 2] each
-            return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
-        # Partial RoPE: still one split and one cat; the last head_dim - rotary_dim dims pass through.
-        half = self.rotary_dim // 2
-        x1, x2, rest = x.split((half, half, self.head_dim - self.rotary_dim), dim=-1)
-        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin, rest), dim=-1)
+            # [x1, x2] cos + [x2, x1] [-sin, sin] = [x1 cos - x2 sin, x2 cos + x1 sin], rounded as
+            # transformers' q * cos + rotate_half(q) * sin
+            return x * cos + x.roll(self.rotary_dim // 2, dims=-1) * sin
+        # Partial RoPE: the last head_dim - rotary_dim dims pass through.
+        turning, rest = x.split((self.rotary_dim, self.head_dim - self.rotary_dim), dim=-1)
+        turned = turning * cos + turning.roll(self.rotary_dim // 2, dims=-1) * sin
+        return torch.cat((turned, rest), dim=-1)

@@ -70,6 +70,22 @@ def test_full_fraction_rotates_every_dim_as_before():
                                atol=1e-5, rtol=0)
 
 
+def test_the_rotation_kept_for_the_next_layer_follows_its_positions_and_dtype():
+    """Layers reuse the last cos/sin while the positions are equal: positions changed in place, other
+    positions or another dtype get their own, as a fresh encoding computes them."""
+    rope, fresh = encoding(16), encoding(16)
+    x = torch.randn(2, 3, 5, 16)
+    positions = torch.arange(5)
+    first = rope.rotate(x, positions, 9)
+    assert torch.equal(rope.rotate(x, positions, 9), first)
+    positions.add_(4)  # in place: the same tensor at other positions
+    assert torch.equal(rope.rotate(x, positions, 9), fresh.rotate(x, torch.arange(4, 9), 9))
+    assert not torch.equal(rope.rotate(x, positions, 9), first)
+    half = rope.rotate(x.bfloat16(), positions, 9)
+    assert half.dtype == torch.bfloat16
+    assert torch.equal(half, fresh.rotate(x.bfloat16(), torch.arange(4, 9), 9))
+
+
 @pytest.mark.parametrize("head_dim,fraction", [(96, 0.25), (48, 0.3), (80, 0.4), (64, 0.5), (32, 1.0)])
 def test_partial_cos_sin_equal_transformers(head_dim, fraction):
     """GPT-NeoX's rotary embedding with partial_rotary_factor (rotary_pct): the same rotary dim,
