@@ -60,7 +60,7 @@ from torch import nn
 
 from nanoattn.model.cache import KVCache, StreamingCache
 from nanoattn.model.gates import ExcludeSelf, OutputGate, ScalableSoftmax
-from nanoattn.model.kernels import Linear
+from nanoattn.model.kernels import Linear, bf16_matmuls_faster
 from nanoattn.model.layers import dropout
 from nanoattn.model.score_functions import SCORE_FUNCTIONS, ForgetGate
 from nanoattn.model.selective import SelectiveBias
@@ -68,9 +68,10 @@ from nanoattn.positional.base import PositionalEncoding
 
 # Largest mask/bias chunk, in elements of [B, n_head, chunk, T_k], built at once on the bias path.
 MASK_CHUNK_ELEMENTS = 1 << 22
-# attn_kernel='auto' on CPU in bf16: up to this many keys, two bf16 matmuls and a softmax (faster
-# than SDPA's flash kernel up to here on the CPUs measured, slower from about 1024 keys).
-BF16_MATMUL_MAX_KEYS = 512
+# attn_kernel='auto' on CPU in bf16: up to this many keys, two bf16 matmuls and a softmax are timed
+# against SDPA's flash kernel (``CausalAttention._scores_in_bf16``); past it their [B, H, Tq, keys]
+# scores grow quadratically while the flash kernel's memory stays linear, so SDPA is taken.
+BF16_MATMUL_MAX_KEYS = 1024
 
 
 def key_positions(positions: torch.Tensor, seq_len: int, keys: int,
@@ -204,7 +205,7 @@ class CausalAttention(nn.Module, abc.ABC):
         fused = not pos.adds_bias and not explicit and Dv == D
         if fused and (self.window is None or Tk <= self.window):
             if Tq == Tk:
-                if self._scores_in_bf16(q, Tk):
+                if self._scores_in_bf16(q, k, Tk):
                     causal = torch.full((Tk, Tk), float("-inf"), dtype=q.dtype, device=q.device).triu(1)
                     return self._attend_explicit(q, k, v, causal, q.dtype)[0]
                 return F.scaled_dot_product_attention(q, k, v, is_causal=True, **options)
@@ -226,7 +227,7 @@ class CausalAttention(nn.Module, abc.ABC):
             q_chunk, k_chunk, v_chunk = q[:, :, start:stop], k[:, :, first:keys], v[:, :, first:keys]
             # bf16 scores where the matmuls beat SDPA, the score cap and sinks included; float32 ones
             # for the other explicit computations and for the largest logit, a measurement.
-            bf16 = self.largest_logit is None and self._scores_in_bf16(q, keys - first)
+            bf16 = self.largest_logit is None and self._scores_in_bf16(q, k, keys - first)
             q_at, k_at = q_positions[..., start:stop], k_positions[..., first:keys]  # [(B,) Tq'], [(B,) Tk']
             mask = self._mask(q_chunk, k_chunk, q_at, k_at, pos, layer,
                               torch.float32 if explicit and not bf16 else q.dtype)
@@ -238,12 +239,16 @@ class CausalAttention(nn.Module, abc.ABC):
                                                               **options))
         return torch.cat(outputs, dim=2)
 
-    def _scores_in_bf16(self, q: torch.Tensor, keys: int) -> bool:
+    def _scores_in_bf16(self, q: torch.Tensor, k: torch.Tensor, keys: int) -> bool:
         """Whether to attend with two bf16 matmuls and a softmax instead of SDPA (``attn_kernel='auto'``):
-        on CPU in bf16 with up to ``BF16_MATMUL_MAX_KEYS`` keys, where SDPA's flash kernel is slower
-        (module docstring); the scores then take [B, H, Tq, keys] at most 512 keys wide."""
-        return (self.kernel == "auto" and q.device.type == "cpu" and q.dtype == torch.bfloat16
-                and keys <= BF16_MATMUL_MAX_KEYS)
+        on CPU in bf16 with up to ``BF16_MATMUL_MAX_KEYS`` keys, where they are faster here, timed
+        once per shape by ``kernels.bf16_matmuls_faster`` with this layer's explicit path."""
+        if not (self.kernel == "auto" and q.device.type == "cpu" and q.dtype == torch.bfloat16
+                and keys <= BF16_MATMUL_MAX_KEYS):
+            return False
+        B, H, _, D = q.shape
+        return bf16_matmuls_faster(lambda *qkv_mask: self._attend_explicit(*qkv_mask, torch.bfloat16)[0],
+                                   B, H, k.shape[1], D, keys)
 
     def _mask(self, q, k, q_positions, k_positions, pos, layer, dtype) -> torch.Tensor:
         """Causal (and window) mask plus the encoding's bias: bool [Tq, Tk] or additive [(B,) H, Tq, Tk].

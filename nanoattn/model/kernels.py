@@ -1,6 +1,7 @@
 """Kernels chosen by measurement on the machine at hand, where the fastest one depends on the CPU and
 its BLAS rather than on the computation: ``fastest_kernel`` times the candidates the first time a
-shape is met and remembers the choice, and ``Linear`` uses it for decoding's few-row products.
+shape is met and remembers the choice. ``Linear`` uses it for decoding's few-row products, and
+``bf16_matmuls_faster`` for attention in bf16 on a CPU (two bf16 matmuls or SDPA's flash kernel).
 
 A product of a few rows by a weight, [M, in] @ [out, in]^T, is a matrix-vector product that some
 BLAS libraries run on a single core; the same dot products as one batched product of the weight's
@@ -68,6 +69,45 @@ def fastest_kernel(what: str, shape: str, kernels: dict[str, Callable[[], object
             write_atomic(path, json.dumps(known, indent=1, sort_keys=True) + "\n")
     _kernel_choices[f"{machine} {key}"] = choice
     return choice
+
+
+# Fewest tokens ``bf16_matmuls_faster`` times attention at: shorter inputs take that choice.
+BF16_TIMED_MIN_TOKENS = 64
+_bf16_choices: dict[tuple, bool] = {}  # (B, H, Hkv, D, tokens, backward, threads) -> matmuls faster
+
+
+def bf16_matmuls_faster(attend_explicit: Callable[..., torch.Tensor], batch: int, heads: int, kv_heads: int,
+                        head_dim: int, keys: int) -> bool:
+    """Whether causal bf16 attention over ``keys`` keys runs faster here as ``attend_explicit(q, k, v,
+    mask)`` (a layer's two matmuls and a softmax) than as SDPA's flash kernel.
+
+    Timed once per shape by ``fastest_kernel`` on random q [batch, heads, T, head_dim] over k, v
+    [batch, kv_heads, T, head_dim], T the keys rounded up to a power of two (at least
+    ``BF16_TIMED_MIN_TOKENS``), through the backward pass when autograd is on."""
+    tokens = max(BF16_TIMED_MIN_TOKENS, 1 << (keys - 1).bit_length())
+    backward = torch.is_grad_enabled()
+    shape = (batch, heads, kv_heads, head_dim, tokens, backward, torch.get_num_threads())
+    if shape in _bf16_choices:
+        return _bf16_choices[shape]
+    q = torch.randn(batch, heads, tokens, head_dim, dtype=torch.bfloat16, requires_grad=backward)
+    k, v = (torch.randn(batch, kv_heads, tokens, head_dim, dtype=torch.bfloat16, requires_grad=backward)
+            for _ in "kv")
+    causal = torch.full((tokens, tokens), float("-inf"), dtype=torch.bfloat16).triu(1)
+
+    def timed(attend: Callable[[], torch.Tensor]) -> Callable[[], None]:
+        def run() -> None:
+            y = attend()
+            if backward:
+                y.backward(torch.ones_like(y))
+        return run
+
+    kernels = {"bf16 matmuls": timed(lambda: attend_explicit(q, k, v, causal)),
+               "sdpa": timed(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                                    enable_gqa=kv_heads != heads))}
+    passes = "forward and backward" if backward else "forward"
+    what = f"q {list(q.shape)} k {list(k.shape)} {passes}"
+    _bf16_choices[shape] = fastest_kernel("causal attention bf16", what, kernels) == "bf16 matmuls"
+    return _bf16_choices[shape]
 
 
 # Rows up to which a product without autograd picks its kernel by measurement: decoding's, one per

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from nanoattn import GPT, KVCache, ModelConfig
-from nanoattn.model import Attention
+from nanoattn.model import Attention, kernels
 from nanoattn.model import attention as attention_module
 from nanoattn.positional import REGISTRY, build_positional
 
@@ -145,11 +145,19 @@ def _bf16_logits_and_grads(model, idx, targets):
     return logits.float(), torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
 
 
+@pytest.fixture
+def bf16_matmuls_measured_faster(monkeypatch):
+    """The timing of attn_kernel='auto' answering 'bf16 matmuls' for every shape, so a test sees that
+    path on any CPU (where it is faster is the machine's business)."""
+    monkeypatch.setattr(kernels, "_bf16_choices", {})
+    monkeypatch.setattr(kernels, "fastest_kernel", lambda what, shape, candidates: "bf16 matmuls")
+
+
 @pytest.mark.parametrize("fields", [{}, {"pos": "alibi"}, {"pos": "t5"}, {"diff_attn": True},
                                     {"sliding_window": 12}, {"mla_kv_rank": 16, "n_kv_head": 4},
                                     {"attn_softcap": 5.0}, {"attn_sinks": True}],
                          ids=["rope", "alibi", "t5", "diff", "window", "mla", "softcap", "sinks"])
-def test_the_bf16_matmul_kernel_is_as_close_to_float32_as_sdpa(fields):
+def test_the_bf16_matmul_kernel_is_as_close_to_float32_as_sdpa(bf16_matmuls_measured_faster, fields):
     """attn_kernel='auto' on CPU in bf16 (two bf16 matmuls and a softmax) against 'sdpa' on the same
     weights: logits and every gradient as close to the float32 model's as SDPA's are. A wrong mask,
     group or scale would be off by whole units."""
@@ -172,19 +180,24 @@ def test_the_bf16_matmul_kernel_is_as_close_to_float32_as_sdpa(fields):
     assert grad_errors[0] <= 2 * grad_errors[1] + 1e-3
 
 
-@pytest.mark.parametrize("dtype, length, pos, takes_sdpa", [
-    (torch.bfloat16, 512, "rope", False),   # causal, no bias: the bf16 matmuls
-    (torch.bfloat16, 64, "rope", False),
-    (torch.bfloat16, 256, "alibi", False),  # the bias path's chunk as well
-    (torch.bfloat16, 513, "rope", True),    # past 512 keys SDPA's flash kernel is faster
-    (torch.float32, 64, "rope", True),      # in float32 SDPA is faster at every length
+@pytest.mark.parametrize("dtype, length, pos, measured, takes_sdpa", [
+    (torch.bfloat16, 512, "rope", "bf16 matmuls", False),  # causal, no bias: the bf16 matmuls
+    (torch.bfloat16, 300, "rope", "sdpa", True),            # where SDPA measured faster, SDPA
+    (torch.bfloat16, 256, "alibi", "bf16 matmuls", False),  # the bias path's chunk as well
+    (torch.bfloat16, 1025, "rope", None, True),             # past 1024 keys SDPA, without timing
+    (torch.float32, 64, "rope", None, True),                # in float32 SDPA, without timing
 ])
-def test_the_attention_kernel_choice(dtype, length, pos, takes_sdpa):
+def test_the_attention_kernel_choice(monkeypatch, dtype, length, pos, measured, takes_sdpa):
     """attn_kernel='auto' against 'sdpa' (SDPA wherever it can compute the variant) on the same
     weights: bit for bit the same logits where auto takes SDPA too, other bf16 roundings where it
-    takes the matmuls (which 'sdpa' therefore does not). That the matmuls compute the same function
-    is test_the_bf16_matmul_kernel_is_as_close_to_float32_as_sdpa."""
-    cfg = ModelConfig(vocab_size=50, d_model=32, n_layer=2, n_head=4, n_kv_head=2, pos=pos, max_seq_len=1024)
+    takes the matmuls (which 'sdpa' therefore does not). Which is faster is timed once per shape,
+    here replaced by its answer; that the matmuls compute the same function is
+    test_the_bf16_matmul_kernel_is_as_close_to_float32_as_sdpa."""
+    asked = []
+    monkeypatch.setattr(kernels, "_bf16_choices", {})
+    monkeypatch.setattr(kernels, "fastest_kernel",
+                        lambda what, shape, candidates: asked.append(shape) or measured)
+    cfg = ModelConfig(vocab_size=50, d_model=32, n_layer=2, n_head=4, n_kv_head=2, pos=pos, max_seq_len=2048)
     torch.manual_seed(0)
     auto = GPT(cfg).eval()
     sdpa = GPT(ModelConfig.from_dict({**cfg.to_dict(), "attn_kernel": "sdpa"})).eval()
@@ -192,9 +205,12 @@ def test_the_attention_kernel_choice(dtype, length, pos, takes_sdpa):
     idx = torch.randint(0, 50, (1, length))
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
         assert torch.equal(auto(idx), sdpa(idx)) == takes_sdpa
+    tokens = 1 << (length - 1).bit_length()  # timed at the next power of two, once for both layers
+    timed = [f"q [1, 4, {tokens}, 8] k [1, 2, {tokens}, 8] forward"]
+    assert [a for a in asked if a.startswith("q ")] == ([] if measured is None else timed)
 
 
-def test_bf16_cached_decoding_with_the_matmul_kernel_follows_the_whole_forward():
+def test_bf16_cached_decoding_with_the_matmul_kernel_follows_the_whole_forward(bf16_matmuls_measured_faster):
     """The prompt goes through the bf16 matmuls, each new token through SDPA: the last logits of
     cached decoding stay within bf16 rounding of the uncached forward's."""
     cfg = ModelConfig(vocab_size=50, d_model=32, n_layer=2, n_head=4, n_kv_head=2, max_seq_len=64)
@@ -218,7 +234,8 @@ def test_attn_kernel_refuses_an_unknown_name():
     ("sdpa", False, torch.float32),   # the first round's: explicit scores in float32
     ("auto", True, torch.float32),    # the largest logit is a measurement: float32
 ])
-def test_the_explicit_variants_score_in_bf16_where_the_kernel_choice_says(monkeypatch, kernel, measure,
+def test_the_explicit_variants_score_in_bf16_where_the_kernel_choice_says(bf16_matmuls_measured_faster,
+                                                                          monkeypatch, kernel, measure,
                                                                           scores_dtype):
     seen = []
     explicit = attention_module.CausalAttention._attend_explicit
