@@ -9,7 +9,9 @@ What is asserted:
   or names a kernel no longer offered is measured again and rewritten;
 - ``Linear`` asks for a choice only for few rows without autograd, once per shape, and computes
   F.linear's product either way (bias and leading dims included); with autograd or many rows it is
-  F.linear bit for bit.
+  F.linear bit for bit;
+- ``bf16_matmuls_faster`` times both attention kernels through the backward pass, once per power
+  of two of keys.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ def fresh_choices(monkeypatch, tmp_path):
     """An empty kernel-choice cache, in this process and on disk: the cache file's path."""
     monkeypatch.setenv("NANOATTN_CACHE", str(tmp_path))
     monkeypatch.setattr(kernels, "_kernel_choices", {})
+    monkeypatch.setattr(kernels, "_bf16_choices", {})
     return tmp_path / kernels.KERNEL_CHOICES
 
 
@@ -115,3 +118,23 @@ def test_linear_asks_for_few_rows_without_autograd_and_computes_the_same(monkeyp
     trained = layer(x)
     assert trained.requires_grad and torch.equal(trained, F.linear(x, layer.weight, layer.bias))
     assert len(asked) == 1
+
+
+def test_attention_is_timed_once_per_power_of_two_of_keys_through_the_backward_pass(fresh_choices):
+    """Both kernels run, backward included under autograd (a wrong shape would raise), on random bf16
+    inputs at the keys rounded up to a power of two, at least BF16_TIMED_MIN_TOKENS."""
+    calls = []
+
+    def explicit(q, k, v, mask):  # GQA by repeating, the plain softmax: what a layer's path computes
+        calls.append(q.shape[2])
+        k, v = (t.repeat_interleave(q.shape[1] // t.shape[1], dim=1) for t in (k, v))
+        return torch.softmax((q @ k.transpose(-2, -1)) / q.shape[-1] ** 0.5 + mask, dim=-1) @ v
+
+    assert kernels.BF16_TIMED_MIN_TOKENS == 64
+    with torch.enable_grad():
+        for keys in (33, 64, 65, 100):
+            assert isinstance(kernels.bf16_matmuls_faster(explicit, 2, 4, 2, 8, keys), bool)
+    assert sorted(set(calls)) == [64, 128] and len(calls) == 2 * 5  # two shapes, five timings each
+    timed = sorted(next(iter(json.loads(fresh_choices.read_text()).values())))
+    assert timed == [f"causal attention bf16 q [2, 4, {t}, 8] k [2, 2, {t}, 8] forward and backward"
+                     for t in (128, 64)]
