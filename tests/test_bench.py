@@ -55,7 +55,7 @@ TINY = dict(vocab_size=96, d_model=32, n_layer=4, n_head=4, n_kv_head=2, d_ff=64
 
 def tiny_config(**overrides) -> BenchConfig:
     values = dict(quick=True, reps=1, model=ModelConfig(**TINY, tie_embeddings=False), batch_size=2,
-                  seq_len=16, decode_model=ModelConfig(**TINY), e2e_seconds=0.0)
+                  seq_len=16, decode_model=ModelConfig(**{**TINY, "n_layer": 2}), e2e_seconds=0.0)
     return BenchConfig(**{**values, **overrides})
 
 
@@ -114,9 +114,11 @@ def test_every_section_runs_and_compares_like_with_like(tmp_path, monkeypatch):
         assert r["mfu"] == pytest.approx(r["gflop_per_s"] / peak[r["dtype"]])
 
     decode = rows["decode"]
-    greedy = [(r["impl"], r["batch"], r["same_tokens"]) for r in decode if r["impl"].endswith("greedy")]
-    assert greedy == [("nanoattn greedy", 1, True), ("transformers greedy", 1, True),
-                      ("nanoattn greedy", 8, True), ("transformers greedy", 8, True)]
+    greedy = [(r["model"], r["impl"], r["batch"], r["same_tokens"])
+              for r in decode if r["impl"].endswith("greedy")]
+    # At both bench shapes: decode_model's (two layers here), then the train section's model's (four).
+    assert greedy == [(f"d32 L{layers} H4/2 ff64 V96 (random)", impl, batch, True) for layers in (2, 4)
+                      for batch in (1, 8) for impl in ("nanoattn greedy", "transformers greedy")]
     kv_bytes = {r["layout"]: r["kv_cache_bytes"] for r in decode if r["model"].startswith("same shape")}
     assert kv_bytes["MHA"] == 2 * kv_bytes["GQA-2"] == 4 * kv_bytes["MQA"]  # shrinks by n_head / n_kv_head
 
@@ -225,8 +227,10 @@ def test_run_rate_skips_a_torn_last_line(tmp_path):
 
 def test_decode_without_a_transformers_counterpart_says_why():
     alibi = ModelConfig(**{**TINY, "n_layer": 1, "pos": "alibi"})
-    [*_, last] = run_sections(["decode"], tiny_config(decode_model=alibi))["decode"]
-    assert "comparison skipped: model.pos='alibi' has no transformers counterpart" in last["impl"]
+    rows = run_sections(["decode"], tiny_config(decode_model=alibi))["decode"]
+    [skipped] = [r for r in rows if "comparison skipped" in r["impl"]]
+    assert skipped["model"] == "d32 L1 H4/2 ff64 V96 (random)"
+    assert "comparison skipped: model.pos='alibi' has no transformers counterpart" in skipped["impl"]
 
 
 def test_e2e_without_a_run_is_skipped_with_a_note():

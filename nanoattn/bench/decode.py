@@ -4,7 +4,9 @@
   then the same shape with every ``n_kv_head`` dividing ``n_head``, whose cache shrinks by
   ``n_head / n_kv_head``.
 - Greedy ``nanoattn.generate.generate`` vs transformers' ``generate`` on the same weights and
-  prompts, side by side, with the first position where their tokens differ (none expected).
+  prompts, side by side, with the first position where their tokens differ (none expected), at
+  both bench shapes: ``decode_model`` (or the checkpoint) and, unless a checkpoint is decoded,
+  the train section's ``model``.
 - Tokens per second counts generated tokens, prefill included. The whole sequence fits the
   model's ``max_seq_len``, so every encoding (learned included) can decode it.
 """
@@ -19,6 +21,7 @@ import torch
 from nanoattn.bench.core import BenchConfig, Row, alternate, random_tokens, section, shape_text
 from nanoattn.bench.twin import transformers_twin
 from nanoattn.checkpoint import load_checkpoint
+from nanoattn.config import ModelConfig
 from nanoattn.generate import Decoding, generate
 from nanoattn.model import GPT
 from nanoattn.runtime import autocast, autocast_dtype
@@ -26,6 +29,13 @@ from nanoattn.runtime import autocast, autocast_dtype
 
 def _layout(n_head: int, n_kv_head: int) -> str:
     return "MHA" if n_kv_head == n_head else "MQA" if n_kv_head == 1 else f"GQA-{n_head // n_kv_head}"
+
+
+def _lengths(model: ModelConfig, quick: bool) -> tuple[int, int]:
+    """(prompt tokens, new tokens): a quarter and the rest of 64 tokens (quick) or 256, within the
+    model's max_seq_len."""
+    total = min(model.max_seq_len, 64 if quick else 256)
+    return total // 4, total - total // 4
 
 
 def _sampled_rate(model: GPT, prompt: torch.Tensor, new_tokens: int, use_cache: bool,
@@ -90,9 +100,7 @@ def decode_section(cfg: BenchConfig, done: Mapping[str, list[Row]]) -> list[Row]
         with device:
             model, name = GPT(cfg.decode_model).eval(), f"{shape_text(cfg.decode_model)} (random)"
     mc = model.cfg
-    total = min(mc.max_seq_len, 64 if cfg.quick else 256)
-    prompt_len = total // 4
-    new_tokens = total - prompt_len
+    prompt_len, new_tokens = _lengths(mc, cfg.quick)
     rows = []
     for batch in (1, 8):
         prompt = random_tokens(mc.vocab_size, (batch, prompt_len), device)  # [batch, prompt_len]
@@ -110,8 +118,16 @@ def decode_section(cfg: BenchConfig, done: Mapping[str, list[Row]]) -> list[Row]
         rows.append(dict(model=f"same shape (random), n_kv_head={n_kv_head}", impl="nanoattn sampled",
                          layout=_layout(mc.n_head, n_kv_head), batch=8, cache=True, prompt=prompt_len,
                          new=new_tokens, tok_per_s=rate, kv_cache_bytes=cache_bytes))
-    try:
-        twin = transformers_twin(model, device).eval()
-    except ValueError as e:  # no transformers counterpart (nanoattn.hf says why), or no transformers
-        return rows + [dict(model=name, impl=f"transformers comparison skipped: {e}")]
-    return rows + _greedy_rows(model, twin, name, prompt_len, new_tokens, cfg)
+    models = [(model, name)]
+    if not cfg.ckpt and cfg.model != mc:  # the train section's shape too: the other bench shape
+        torch.manual_seed(0)
+        with device:
+            models.append((GPT(cfg.model).eval(), f"{shape_text(cfg.model)} (random)"))
+    for compared, compared_name in models:
+        try:
+            twin = transformers_twin(compared, device).eval()
+        except ValueError as e:  # no transformers counterpart (nanoattn.hf says why), or no transformers
+            rows.append(dict(model=compared_name, impl=f"transformers comparison skipped: {e}"))
+            continue
+        rows += _greedy_rows(compared, twin, compared_name, *_lengths(compared.cfg, cfg.quick), cfg)
+    return rows
