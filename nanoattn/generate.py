@@ -218,6 +218,7 @@ class Decoding:
         self.filters = [(LOGIT_FILTERS[name].apply, value) for name, value in values.items()
                         if value is not None]
         self.stop_tokens = torch.tensor(stops, dtype=torch.long, device=self.device)
+        self.has_stops = bool(stops)
         self.tokens = idx.new_empty(B, self.end)  # [B, T + max_new_tokens], filled up to self.length
         self.tokens[:, :T] = idx
         self.length = T
@@ -252,13 +253,14 @@ class Decoding:
 
     @torch.inference_mode()
     def __next__(self) -> torch.Tensor:
-        if self.length == self.end or bool(self.finished.all()):
+        if self.length == self.end or (self.has_stops and bool(self.finished.all())):
             raise StopIteration
         with _eval_mode(self.model):
             self.last_logits = self._next_logits()  # [B, V]
         token = self._pick(self.last_logits)  # [B]
-        token = torch.where(self.finished, self.tokens[:, self.length - 1], token)  # stopped: repeat
-        self.finished |= torch.isin(token, self.stop_tokens)
+        if self.has_stops:  # without stop tokens no sequence ever stops
+            token = torch.where(self.finished, self.tokens[:, self.length - 1], token)  # stopped: repeat
+            self.finished |= torch.isin(token, self.stop_tokens)
         self.tokens[:, self.length] = token
         self.length += 1
         return token
