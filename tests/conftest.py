@@ -1,4 +1,5 @@
-"""Suite-wide settings. Fixtures live in the conftest.py beside their tests.
+"""Suite-wide settings, and the fixtures tests in more than one folder share. Other fixtures live in
+the conftest.py beside their tests.
 
 Every model in the suite is tiny: a second OpenMP thread gains nothing on it, and on shared
 cores two threads mostly spin-wait for each other (measured here: 6-15x slower). So the suite,
@@ -7,7 +8,19 @@ and every subprocess it starts (which inherits the environment), runs on one thr
 
 import os
 
+import pytest
 import torch
 
 os.environ["OMP_NUM_THREADS"] = "1"
 torch.set_num_threads(1)
+
+
+@pytest.fixture
+def fresh_attention_timings():
+    """``kernels.bf16_matmuls_faster`` answers from scratch in the test (a process keeps its first
+    answer per shape), and later tests do not see the test's answers."""
+    from nanoattn.model import kernels
+
+    kernels.bf16_attention_timing.cache_clear()
+    yield
+    kernels.bf16_attention_timing.cache_clear()

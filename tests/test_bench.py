@@ -190,11 +190,10 @@ def test_train_steps_all_three_with_the_recipes_optimizer(monkeypatch):
     assert all(isinstance(optimizer, torch.optim.AdamW) for _, optimizer in stepped.values())
 
 
-def test_profile_splits_the_recipes_step_by_kind_of_work(monkeypatch):
+def test_profile_splits_the_recipes_step_by_kind_of_work(fresh_attention_timings, monkeypatch):
     """The default run's step (Muon) unless train_recipe says otherwise; every op's time counted once.
     SDPA's kernel is a kind of its own; in bf16 on CPU the default kernel choice, where timed faster
     (here made the answer), is matmuls and a softmax."""
-    monkeypatch.setattr(kernels, "_bf16_choices", {})
     monkeypatch.setattr(kernels, "fastest_kernel", lambda what, shape, candidates: "bf16 matmuls")
     bf16 = "train.dtype=bfloat16"
     for options, optimizer in (({}, "muon"), ({"train_recipe": [bf16, *DEFAULT_RECIPE]}, "muon"),

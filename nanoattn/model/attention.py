@@ -60,7 +60,7 @@ from torch import nn
 
 from nanoattn.model.cache import KVCache, StreamingCache
 from nanoattn.model.gates import ExcludeSelf, OutputGate, ScalableSoftmax
-from nanoattn.model.kernels import Linear, bf16_matmuls_faster
+from nanoattn.model.kernels import Linear, bf16_matmuls_faster, grouped_scores, grouped_values
 from nanoattn.model.layers import dropout
 from nanoattn.model.score_functions import SCORE_FUNCTIONS, ForgetGate
 from nanoattn.model.selective import SelectiveBias
@@ -242,13 +242,12 @@ class CausalAttention(nn.Module, abc.ABC):
     def _scores_in_bf16(self, q: torch.Tensor, k: torch.Tensor, keys: int) -> bool:
         """Whether to attend with two bf16 matmuls and a softmax instead of SDPA (``attn_kernel='auto'``):
         on CPU in bf16 with up to ``BF16_MATMUL_MAX_KEYS`` keys, where they are faster here, timed
-        once per shape by ``kernels.bf16_matmuls_faster`` with this layer's explicit path."""
+        once per shape by ``kernels.bf16_matmuls_faster``."""
         if not (self.kernel == "auto" and q.device.type == "cpu" and q.dtype == torch.bfloat16
                 and keys <= BF16_MATMUL_MAX_KEYS):
             return False
         B, H, _, D = q.shape
-        return bf16_matmuls_faster(lambda *qkv_mask: self._attend_explicit(*qkv_mask, torch.bfloat16)[0],
-                                   B, H, k.shape[1], D, keys)
+        return bf16_matmuls_faster(B, H, k.shape[1], D, keys, torch.is_grad_enabled())
 
     def _mask(self, q, k, q_positions, k_positions, pos, layer, dtype) -> torch.Tensor:
         """Causal (and window) mask plus the encoding's bias: bool [Tq, Tk] or additive [(B,) H, Tq, Tk].
@@ -269,15 +268,12 @@ class CausalAttention(nn.Module, abc.ABC):
         """score_fn(softcap(q.k / sqrt(D)) + mask) @ v with the scores in ``dtype``, returning the
         weights [B, H, Tq, Tk] as well.
 
-        Each K/V head's query heads are stacked as rows of one matmul, so K/V are never repeated.
-        The queries are scaled before it: a pass over [B, H, Tq, D], not over the scores. With sinks,
-        each head's sink logit is one more column of the softmax, dropped after it: the weights then
-        sum to 1 - the sink's mass.
+        The products are grouped by K/V head (``kernels.grouped_scores``), so K/V are never repeated.
+        With sinks, each head's sink logit is one more column of the softmax, dropped after it: the
+        weights then sum to 1 - the sink's mass.
         """
-        B, H, Tq, D = q.shape
-        Hkv, Tk = k.shape[1], k.shape[2]
-        scores = (q / math.sqrt(D)).reshape(B, Hkv, -1, D) @ k.transpose(-2, -1)  # [B, Hkv, H / Hkv * Tq, Tk]
-        scores = scores.view(B, H, Tq, Tk).to(dtype)
+        B, H, Tq, _ = q.shape
+        scores = grouped_scores(q, k).to(dtype)  # [B, H, Tq, Tk]
         if self.largest_logit is not None:
             visible = mask if mask.dtype == torch.bool else mask > float("-inf")
             largest = scores.abs().masked_fill(~visible, 0).amax()
@@ -290,8 +286,7 @@ class CausalAttention(nn.Module, abc.ABC):
             sinks = self.sinks.to(scores.dtype).view(1, H, 1, 1).expand(B, H, Tq, 1)
             weights = torch.softmax(torch.cat([scores, sinks], dim=-1), dim=-1)[..., :-1]
         kept = dropout(weights, self.dropout, self.training).to(v.dtype)
-        y = kept.view(B, Hkv, -1, Tk) @ v  # [B, Hkv, H / Hkv * Tq, Dv]
-        return y.view(B, H, Tq, v.shape[-1]), weights
+        return grouped_values(kept, v), weights
 
 
 class Attention(CausalAttention):

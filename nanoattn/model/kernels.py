@@ -71,27 +71,44 @@ def fastest_kernel(what: str, shape: str, kernels: dict[str, Callable[[], object
     return choice
 
 
+def grouped_scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """q [B, H, Tq, D] . k [B, Hkv, Tk, D] / sqrt(D) -> [B, H, Tq, Tk]: each K/V head's query heads
+    stacked as the rows of one matmul, so K/V are never repeated; the queries are scaled before it,
+    a pass over [B, H, Tq, D], not over the scores."""
+    B, H, Tq, D = q.shape
+    Hkv, Tk = k.shape[1], k.shape[2]
+    return ((q / math.sqrt(D)).reshape(B, Hkv, -1, D) @ k.transpose(-2, -1)).view(B, H, Tq, Tk)
+
+
+def grouped_values(weights: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """weights [B, H, Tq, Tk] @ v [B, Hkv, Tk, Dv] -> [B, H, Tq, Dv], grouped as ``grouped_scores``."""
+    B, H, Tq, Tk = weights.shape
+    return (weights.view(B, v.shape[1], -1, Tk) @ v).view(B, H, Tq, v.shape[-1])
+
+
 # Fewest tokens ``bf16_matmuls_faster`` times attention at: shorter inputs take that choice.
 BF16_TIMED_MIN_TOKENS = 64
-_bf16_choices: dict[tuple, bool] = {}  # (B, H, Hkv, D, tokens, backward, threads) -> matmuls faster
 
 
-def bf16_matmuls_faster(attend_explicit: Callable[..., torch.Tensor], batch: int, heads: int, kv_heads: int,
-                        head_dim: int, keys: int) -> bool:
-    """Whether causal bf16 attention over ``keys`` keys runs faster here as ``attend_explicit(q, k, v,
-    mask)`` (a layer's two matmuls and a softmax) than as SDPA's flash kernel.
-
-    Timed once per shape by ``fastest_kernel`` on random q [batch, heads, T, head_dim] over k, v
-    [batch, kv_heads, T, head_dim], T the keys rounded up to a power of two (at least
-    ``BF16_TIMED_MIN_TOKENS``), through the backward pass when autograd is on."""
+@torch.compiler.assume_constant_result  # compiled code asks while tracing and keeps the answer
+def bf16_matmuls_faster(batch: int, heads: int, kv_heads: int, head_dim: int, keys: int,
+                        backward: bool) -> bool:
+    """Whether causal bf16 attention over ``keys`` keys runs faster here as two matmuls and a softmax
+    (``grouped_scores``, ``grouped_values``) than as SDPA's flash kernel: ``bf16_attention_timing`` at
+    the keys rounded up to a power of two, at least ``BF16_TIMED_MIN_TOKENS``."""
     tokens = max(BF16_TIMED_MIN_TOKENS, 1 << (keys - 1).bit_length())
-    backward = torch.is_grad_enabled()
-    shape = (batch, heads, kv_heads, head_dim, tokens, backward, torch.get_num_threads())
-    if shape in _bf16_choices:
-        return _bf16_choices[shape]
-    q = torch.randn(batch, heads, tokens, head_dim, dtype=torch.bfloat16, requires_grad=backward)
-    k, v = (torch.randn(batch, kv_heads, tokens, head_dim, dtype=torch.bfloat16, requires_grad=backward)
-            for _ in "kv")
+    return bf16_attention_timing(batch, heads, kv_heads, head_dim, tokens, backward)
+
+
+@functools.cache  # within a process the first answer for a shape stands
+def bf16_attention_timing(batch: int, heads: int, kv_heads: int, head_dim: int, tokens: int,
+                          backward: bool) -> bool:
+    """``bf16_matmuls_faster`` at ``tokens`` tokens, by ``fastest_kernel``: random q [batch, heads,
+    tokens, head_dim] over k, v [batch, kv_heads, tokens, head_dim] (from a generator of their own:
+    the global one is the run's), through the backward pass when ``backward``."""
+    draws = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(batch, n, tokens, head_dim, generator=draws, dtype=torch.bfloat16,
+                           requires_grad=backward) for n in (heads, kv_heads, kv_heads))
     causal = torch.full((tokens, tokens), float("-inf"), dtype=torch.bfloat16).triu(1)
 
     def timed(attend: Callable[[], torch.Tensor]) -> Callable[[], None]:
@@ -101,13 +118,16 @@ def bf16_matmuls_faster(attend_explicit: Callable[..., torch.Tensor], batch: int
                 y.backward(torch.ones_like(y))
         return run
 
-    kernels = {"bf16 matmuls": timed(lambda: attend_explicit(q, k, v, causal)),
-               "sdpa": timed(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True,
-                                                                    enable_gqa=kv_heads != heads))}
-    passes = "forward and backward" if backward else "forward"
-    what = f"q {list(q.shape)} k {list(k.shape)} {passes}"
-    _bf16_choices[shape] = fastest_kernel("causal attention bf16", what, kernels) == "bf16 matmuls"
-    return _bf16_choices[shape]
+    def matmuls() -> torch.Tensor:
+        return grouped_values(torch.softmax(grouped_scores(q, k) + causal, dim=-1), v)
+
+    def sdpa() -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=kv_heads != heads)
+
+    shape = f"q {list(q.shape)} k {list(k.shape)} {'forward and backward' if backward else 'forward'}"
+    kernels = {"bf16 matmuls": timed(matmuls), "sdpa": timed(sdpa)}
+    with torch.enable_grad() if backward else contextlib.nullcontext():
+        return fastest_kernel("causal attention bf16", shape, kernels) == "bf16 matmuls"
 
 
 # Rows up to which a product without autograd picks its kernel by measurement: decoding's, one per

@@ -146,10 +146,9 @@ def _bf16_logits_and_grads(model, idx, targets):
 
 
 @pytest.fixture
-def bf16_matmuls_measured_faster(monkeypatch):
+def bf16_matmuls_measured_faster(fresh_attention_timings, monkeypatch):
     """The timing of attn_kernel='auto' answering 'bf16 matmuls' for every shape, so a test sees that
     path on any CPU (where it is faster is the machine's business)."""
-    monkeypatch.setattr(kernels, "_bf16_choices", {})
     monkeypatch.setattr(kernels, "fastest_kernel", lambda what, shape, candidates: "bf16 matmuls")
 
 
@@ -187,14 +186,14 @@ def test_the_bf16_matmul_kernel_is_as_close_to_float32_as_sdpa(bf16_matmuls_meas
     (torch.bfloat16, 1025, "rope", None, True),             # past 1024 keys SDPA, without timing
     (torch.float32, 64, "rope", None, True),                # in float32 SDPA, without timing
 ])
-def test_the_attention_kernel_choice(monkeypatch, dtype, length, pos, measured, takes_sdpa):
+def test_the_attention_kernel_choice(fresh_attention_timings, monkeypatch, dtype, length, pos, measured,
+                                     takes_sdpa):
     """attn_kernel='auto' against 'sdpa' (SDPA wherever it can compute the variant) on the same
     weights: bit for bit the same logits where auto takes SDPA too, other bf16 roundings where it
     takes the matmuls (which 'sdpa' therefore does not). Which is faster is timed once per shape,
     here replaced by its answer; that the matmuls compute the same function is
     test_the_bf16_matmul_kernel_is_as_close_to_float32_as_sdpa."""
     asked = []
-    monkeypatch.setattr(kernels, "_bf16_choices", {})
     monkeypatch.setattr(kernels, "fastest_kernel",
                         lambda what, shape, candidates: asked.append(shape) or measured)
     cfg = ModelConfig(vocab_size=50, d_model=32, n_layer=2, n_head=4, n_kv_head=2, pos=pos, max_seq_len=2048)

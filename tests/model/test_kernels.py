@@ -11,7 +11,8 @@ What is asserted:
   F.linear's product either way (bias and leading dims included); with autograd or many rows it is
   F.linear bit for bit;
 - ``bf16_matmuls_faster`` times both attention kernels through the backward pass, once per power
-  of two of keys.
+  of two of keys, without drawing from the global generator;
+- none of this breaks a compiled graph: training and decoding steps trace whole.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from nanoattn import GPT, KVCache, ModelConfig
 from nanoattn.model import kernels
 from nanoattn.model.kernels import MEASURED_ROWS, Linear, fastest_kernel, row_block_linear
 
@@ -51,11 +53,10 @@ def test_row_blocks_compute_the_product(rows, out, blocks):
 
 
 @pytest.fixture
-def fresh_choices(monkeypatch, tmp_path):
+def fresh_choices(fresh_attention_timings, monkeypatch, tmp_path):
     """An empty kernel-choice cache, in this process and on disk: the cache file's path."""
     monkeypatch.setenv("NANOATTN_CACHE", str(tmp_path))
     monkeypatch.setattr(kernels, "_kernel_choices", {})
-    monkeypatch.setattr(kernels, "_bf16_choices", {})
     return tmp_path / kernels.KERNEL_CHOICES
 
 
@@ -120,21 +121,36 @@ def test_linear_asks_for_few_rows_without_autograd_and_computes_the_same(monkeyp
     assert len(asked) == 1
 
 
-def test_attention_is_timed_once_per_power_of_two_of_keys_through_the_backward_pass(fresh_choices):
-    """Both kernels run, backward included under autograd (a wrong shape would raise), on random bf16
-    inputs at the keys rounded up to a power of two, at least BF16_TIMED_MIN_TOKENS."""
-    calls = []
-
-    def explicit(q, k, v, mask):  # GQA by repeating, the plain softmax: what a layer's path computes
-        calls.append(q.shape[2])
-        k, v = (t.repeat_interleave(q.shape[1] // t.shape[1], dim=1) for t in (k, v))
-        return torch.softmax((q @ k.transpose(-2, -1)) / q.shape[-1] ** 0.5 + mask, dim=-1) @ v
-
+def test_attention_is_timed_once_per_power_of_two_of_keys_through_the_backward_pass(fresh_choices,
+                                                                                    monkeypatch):
+    """Both kernels run through the backward pass when asked (a wrong shape would raise), on random bf16
+    inputs at the keys rounded up to a power of two, at least BF16_TIMED_MIN_TOKENS, without drawing
+    from the global generator (a run's data and dropout draw from it)."""
+    asked, timing = [], kernels.fastest_kernel
+    monkeypatch.setattr(kernels, "fastest_kernel", lambda what, shape, candidates: asked.append(shape)
+                        or timing(what, shape, candidates))
     assert kernels.BF16_TIMED_MIN_TOKENS == 64
-    with torch.enable_grad():
-        for keys in (33, 64, 65, 100):
-            assert isinstance(kernels.bf16_matmuls_faster(explicit, 2, 4, 2, 8, keys), bool)
-    assert sorted(set(calls)) == [64, 128] and len(calls) == 2 * 5  # two shapes, five timings each
-    timed = sorted(next(iter(json.loads(fresh_choices.read_text()).values())))
-    assert timed == [f"causal attention bf16 q [2, 4, {t}, 8] k [2, 2, {t}, 8] forward and backward"
-                     for t in (128, 64)]
+    state = torch.random.get_rng_state()
+    for keys in (33, 64, 65, 100, 128):
+        assert isinstance(kernels.bf16_matmuls_faster(2, 4, 2, 8, keys, True), bool)
+    assert torch.equal(torch.random.get_rng_state(), state)
+    timed = [f"q [2, 4, {t}, 8] k [2, 2, {t}, 8] forward and backward" for t in (64, 128)]
+    assert asked == timed
+    assert sorted(next(iter(json.loads(fresh_choices.read_text()).values()))) == sorted(
+        f"causal attention bf16 {shape}" for shape in timed)
+
+
+def test_the_kernel_choices_leave_compiled_graphs_whole(fresh_choices):
+    """Under torch.compile the model traces as one graph, the choices asked while tracing: a training
+    step's forward (bf16 autocast, autograd, the attention timing) and a decoding step's (no autograd,
+    the KV cache, few rows)."""
+    cfg = ModelConfig(vocab_size=64, d_model=32, n_layer=2, n_head=4, n_kv_head=2, max_seq_len=64,
+                      token_shift=True)
+    model = GPT(cfg)
+    idx = torch.randint(0, 64, (2, 64))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch._dynamo.explain(model.loss)(idx, idx).graph_break_count == 0
+    cache = KVCache(cfg, 2, 64)
+    with torch.no_grad():
+        model.hidden_states(idx[:, :8], cache=cache)
+        assert torch._dynamo.explain(model.hidden_states)(idx[:, 8:9], cache=cache).graph_break_count == 0
