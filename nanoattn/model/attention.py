@@ -317,7 +317,8 @@ class Attention(CausalAttention):
         B, T, _ = x.shape
         H, Hkv, D = self.n_head, self.n_kv_head, self.head_dim
         heads = self.qkv(x).view(B, T, H + 2 * Hkv, D).transpose(1, 2)  # [B, H + 2 Hkv, T, D]: q | k | v
-        qk, v = heads.split([H + Hkv, Hkv], dim=1)  # v: [B, Hkv, T, D]
+        # split_with_sizes, not split: Tensor.split's Python wrapper is paid per layer and token in decoding
+        qk, v = heads.split_with_sizes([H + Hkv, Hkv], dim=1)  # v: [B, Hkv, T, D]
         if value_embed is not None:
             mix = self.value_mix.to(v.dtype)
             v = mix[0] * v + mix[1] * value_embed.to(v.dtype).view(B, T, Hkv, D).transpose(1, 2)
@@ -326,7 +327,7 @@ class Attention(CausalAttention):
         if cache is not None and cache.positions_in_cache:
             # StreamingLLM: keys are cached unrotated and placed at their cache slot at every step,
             # since evictions move them; positions (and seq_len) are slots in the cache.
-            q, k = qk.split([H, Hkv], dim=1)
+            q, k = qk.split_with_sizes([H, Hkv], dim=1)
             k, v = cache.update(layer, k, v)  # [B, Hkv, seq_len, D], slots 0 .. seq_len - 1
             k_positions = torch.arange(seq_len - k.shape[2], seq_len, device=x.device)
             q = self._place(q, "q", pos, positions, seq_len)
@@ -336,7 +337,7 @@ class Attention(CausalAttention):
             qk = pos.rotate(qk, positions, seq_len)
             if self.qk_norm_at == "after_rope":
                 qk = self.qk_norm(qk)
-            q, k = qk.split([H, Hkv], dim=1)  # [B, H, T, D], [B, Hkv, T, D]
+            q, k = qk.split_with_sizes([H, Hkv], dim=1)  # [B, H, T, D], [B, Hkv, T, D]
             q, k = pos.scale_queries(q, positions), pos.scale_keys(k, positions)
             if cache is not None:
                 k, v = cache.update(layer, k, v)  # [B, Hkv, T_k, D]
