@@ -36,6 +36,7 @@ from nanoattn.bench import (
 )
 from nanoattn.bench.bare import BareGPT
 from nanoattn.bench.core import DEFAULT_RECIPE, shape_text
+from nanoattn.bench.labs import JOB_ORDER, LAB_JOBS
 from nanoattn.bench.speedrun import recipe, scores, time_to, training_curve, value_at
 from nanoattn.bench.train import TwinLoss, training_twin
 from nanoattn.bench.variants import bench_attention
@@ -277,9 +278,9 @@ def test_the_yaml_states_no_default_and_overrides_reach_the_config(bench_cli_sto
                                         model="llama-tiny", train_recipe=[])
     finally:
         GlobalHydra.instance().clear()
-    # Every section runs by default but speedrun (two whole trainings); quick fills the repetitions and
-    # e2e's time unless they are given.
-    assert sorted(BenchConfig().only) == sorted(set(SECTIONS) - {"speedrun"})
+    # Every section runs by default but speedrun and labs (whole trainings); quick fills the repetitions
+    # and e2e's time unless they are given.
+    assert sorted(BenchConfig().only) == sorted(set(SECTIONS) - {"speedrun", "labs"})
     assert (quick.reps, quick.e2e_seconds, quick.model.max_seq_len) == (3, 10.0, 256)
 
 
@@ -338,6 +339,51 @@ def test_speedrun_recipes_are_the_first_rounds_run_with_overrides():
         recipe(["train.bogus=1"])
     with pytest.raises(ValueError, match=r"bench.speedrun_candidate=\['muon'\] is invalid: must be a list"):
         BenchConfig(speedrun_candidate=["muon"])
+
+
+# A training command that records its arguments and writes the metrics of a run of train.max_steps
+# steps at 500 tokens/s (2 s of training), or fails as scripts/train.py does on a bad value.
+FAKE_TRAINER = """
+import json, pathlib, sys
+args = dict(arg.split("=", 1) for arg in sys.argv[2:])
+with open(sys.argv[1], "a") as log:
+    log.write(" ".join(sys.argv[2:]) + "\\n")
+if args.get("pos") == "broken":
+    sys.exit("error: model.pos='broken' is invalid")
+run = pathlib.Path(args["hydra.run.dir"])
+run.mkdir(parents=True)
+record = dict(step=int(args["train.max_steps"]), tokens=1000, tok_per_s=500.0)
+(run / "metrics.jsonl").write_text(json.dumps(record) + "\\n")
+"""
+
+
+def test_labs_run_each_labs_job_compiled_eager_and_compiled_again_through_the_trainer(tmp_path, monkeypatch):
+    log = tmp_path / "commands.txt"
+    cfg = tiny_config(only=["labs"], trainer=[sys.executable, "-c", FAKE_TRAINER, str(log)], threads=1,
+                      labs_steps=7)
+    rows = run_sections(["labs"], cfg)["labs"]
+    commands = log.read_text().splitlines()
+    assert len(rows) == len(commands) == 3 * len(LAB_JOBS)
+    for lab_rows, (lab, job), lab_commands in zip(
+            (rows[i:i + 3] for i in range(0, len(rows), 3)), LAB_JOBS.items(),
+            (commands[i:i + 3] for i in range(0, len(commands), 3)), strict=True):
+        assert [r["mode"] for r in lab_rows] == [mode for mode, _ in JOB_ORDER]
+        assert all(r["lab"] == lab and r["steps"] == 7 and r["train_s"] == 2.0 for r in lab_rows)
+        for command, (_, compiled) in zip(lab_commands, JOB_ORDER, strict=True):
+            assert command.startswith(" ".join(job) + " ")
+            assert f"train.compile={compiled}" in command and "train.max_steps=7" in command
+        eager = lab_rows[1]
+        assert eager["vs_eager"] == 1.0
+        assert all(r["vs_eager"] == eager["wall_s"] / r["wall_s"] for r in lab_rows)
+    monkeypatch.setitem(LAB_JOBS, "extrapolation", ("experiment=extrapolation", "pos=broken"))
+    failure = (r"^bench.labs: experiment=extrapolation pos=broken .*train.compile=true failed \(exit 1\): "
+               r"error: model.pos='broken' is invalid$")
+    with pytest.raises(ValueError, match=failure):
+        run_sections(["labs"], cfg)
+    with pytest.raises(ValueError, match=r"^bench.trainer=\[\] is invalid: must be the training command"):
+        run_sections(["labs"], tiny_config(only=["labs"]))
+    with pytest.raises(ValueError, match=r"^bench.labs_steps=0 is invalid"):
+        tiny_config(labs_steps=0)
 
 
 @pytest.mark.parametrize("token_shift", [False, True])

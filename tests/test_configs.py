@@ -20,6 +20,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf, open_dict, read_write
 
 from nanoattn.bench.core import BenchConfig
+from nanoattn.bench.labs import LAB_JOBS
 from nanoattn.bench.speedrun import recipe
 from nanoattn.commands.labs import BUDGET_FACTOR, LEARNED
 from nanoattn.config import PRESETS, LoggerConfig, RunConfig, TrainConfig, preset
@@ -200,6 +201,15 @@ def test_each_task_composes_into_the_task_suites_run(task):
     assert cfg.train.decay_steps is not None
     # A run ends once it has learned its task by the task lab's measure.
     assert cfg.train.stop_at_accuracy == LEARNED
+
+
+@pytest.mark.parametrize("lab", sorted(LAB_JOBS))
+def test_the_bench_times_each_labs_own_job(lab):
+    """The bench's labs section trains LAB_JOBS[lab] for the lab: a run of the lab's experiment."""
+    experiment, *row = LAB_JOBS[lab]
+    assert experiment == f"experiment={lab}"
+    assert _run_config([*LAB_JOBS[lab], "train.compile=true"]).train.compile is True
+    assert _dirs(list(LAB_JOBS[lab]))[0].startswith(f"runs/{lab}/")
 
 
 def test_the_task_labs_budget_is_its_calibrations():

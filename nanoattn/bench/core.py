@@ -52,7 +52,7 @@ class BenchConfig:
     encodings, attention."""
 
     # The sections to run, in this order (mfu reuses train's rows when train ran first); speedrun
-    # (two whole trainings) runs only when named.
+    # and labs (whole trainings) run only when named.
     only: list[str] = dataclasses.field(default_factory=lambda: [
         "train", "mfu", "profile", "decode", "eval", "e2e", "encodings", "attention", "sweep"])
     quick: bool = False  # fewer repetitions, shorter sequences (about 2 minutes in all)
@@ -81,6 +81,11 @@ class BenchConfig:
     speedrun_target: float = 2.044  # val_bpb: adamw_baseline's final value on the held-out plays
     speedrun_eval_interval: int = 100  # steps between the evaluations the curves are read from
     sweep: str | None = None  # sweep: a finished recipe sweep's folder of <recipe>/<seed> runs
+    # labs (not in the default list: nine whole trainings): the command that trains a lab's job
+    # ([]: scripts/bench.py gives its scripts/train.py, the command the lab scripts run), and each
+    # job's train.max_steps (null: the lab's own; quick does not shorten them)
+    trainer: list[str] = dataclasses.field(default_factory=list)
+    labs_steps: int | None = None
 
     def __post_init__(self) -> None:
         own = "bench"
@@ -108,6 +113,11 @@ class BenchConfig:
             self.e2e_seconds = 10.0 if self.quick else 30.0
         if not as_float(self.e2e_seconds) >= 0:
             fail(own, "e2e_seconds", self.e2e_seconds, "must be a number of seconds >= 0")
+        if not isinstance(self.trainer, (list, tuple)) or not all(isinstance(p, str) for p in self.trainer):
+            fail(own, "trainer", self.trainer, "must be a command as a list, e.g. [python, scripts/train.py]")
+        self.trainer = list(self.trainer)
+        if self.labs_steps is not None:
+            check_positive_int(own, "labs_steps", self.labs_steps)
         for name in ("train_recipe", "speedrun_reference", "speedrun_candidate"):
             value = getattr(self, name)
             if not isinstance(value, (list, tuple)) or not all(isinstance(o, str) and "=" in o
