@@ -212,6 +212,15 @@ def test_the_bench_times_each_labs_own_job(lab):
     assert _dirs(list(LAB_JOBS[lab]))[0].startswith(f"runs/{lab}/")
 
 
+def test_a_lab_compiles_its_jobs_where_the_bench_measured_that_it_pays():
+    """docs/results/bench.md's labs section: a lab's jobs compile (train.compile=auto) when both of its
+    compiled jobs (compile cache as found, then warm) took less wall time than the eager one."""
+    rows = json.loads((REPO / "docs" / "results" / "bench.json").read_text())["sections"]["labs"]
+    for lab, job in LAB_JOBS.items():
+        pays = min(r["vs_eager"] for r in rows if r["lab"] == lab and r["mode"].startswith("compiled")) > 1
+        assert _run_config(list(job)).train.compile == ("auto" if pays else False), lab
+
+
 def test_the_task_labs_budget_is_its_calibrations():
     """configs/experiment/tasks.yaml's train.max_steps is the one docs/results/task_budget.md gives."""
     page = json.loads((REPO / "docs" / "results" / "task_budget.json").read_text())

@@ -52,8 +52,11 @@ def tiny_data(tmp_path_factory) -> dict[str, Any]:
 
 TINY_MODEL = {"vocab_size": 64, "d_model": 32, "n_layer": 2, "n_head": 2, "n_kv_head": 1, "d_ff": 64,
               "max_seq_len": 32}
+# Eager whatever an experiment sets (experiment=arithmetic compiles): a run of a few steps is shorter than
+# its compilation.
 TINY_TRAIN = {"batch_size": 4, "max_steps": 12, "warmup_steps": 2, "lr": 3e-3, "log_interval": 1,
-              "eval_interval": 4, "eval_steps": 2, "ckpt_interval": 4, "keep_last": None, "dtype": "float32"}
+              "eval_interval": 4, "eval_steps": 2, "ckpt_interval": 4, "keep_last": None, "dtype": "float32",
+              "compile": False}
 
 
 @pytest.fixture
