@@ -65,8 +65,14 @@ class Abacus(nn.Module):
         if self.training and self.max_offset:
             offset = torch.randint(0, self.max_offset + 1, (), device=idx.device)
             index = torch.where(index > 0, index + offset, 0)
+        self.check_rows(index)
+        return self.table(index)
+
+    # It reads a value from the tensor: compiled code calls it eagerly, between graphs, and so does
+    # not compile again for every new largest index.
+    @torch.compiler.disable
+    def check_rows(self, index: torch.Tensor) -> None:
         largest, rows = int(index.max()), self.table.num_embeddings
         if largest >= rows:
             raise ValueError(f"abacus index {largest} is past the abacus table of {rows} rows (model."
                              "max_seq_len + abacus_max_offset + 1): a run of that many digits is undefined")
-        return self.table(index)

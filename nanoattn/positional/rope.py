@@ -115,8 +115,12 @@ class RotaryPositionalEncoding(PositionalEncoding):
         return inv_freq, attention_factor
 
     def cos_sin(self, seq_len: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """float32 cos and sin [>= seq_len, rotary_dim // 2], attention factor included."""
-        cached = self._tables.get(device)
+        """float32 cos and sin [>= seq_len, rotary_dim // 2], attention factor included.
+
+        Compiled code builds them in its graph, where they fuse: a graph that read or filled the kept
+        tables would depend on them, and the next call would compile again."""
+        compiling = torch.compiler.is_compiling()
+        cached = None if compiling else self._tables.get(device)
         if cached is not None and (cached[0] == seq_len if self.length_dependent_rotation
                                    else cached[0] >= seq_len):
             return cached[1], cached[2]
@@ -127,7 +131,8 @@ class RotaryPositionalEncoding(PositionalEncoding):
             positions = torch.arange(length, dtype=torch.int64, device=device).float()
             phase = positions[:, None] * inv_freq.float()[None, :]  # [L, rotary_dim // 2]
             cos, sin = torch.cos(phase) * attention_factor, torch.sin(phase) * attention_factor
-        self._tables[device] = (seq_len if self.length_dependent_rotation else length, cos, sin)
+        if not compiling:
+            self._tables[device] = (seq_len if self.length_dependent_rotation else length, cos, sin)
         return cos, sin
 
     def rotation_changes(self, old_len: int, new_len: int) -> bool:
@@ -144,8 +149,9 @@ class RotaryPositionalEncoding(PositionalEncoding):
         Every layer rotates at the same positions, so on a CPU the last ones are kept and reused while
         the positions are equal, not rebuilt per layer. On an accelerator comparing them would wait for
         the device, and compiled code fuses the rebuild: there they are rebuilt."""
-        last = self._last_rotation
-        if (last is not None and positions.device.type == "cpu" and not torch.compiler.is_compiling()
+        compiling = torch.compiler.is_compiling()
+        last = None if compiling else self._last_rotation
+        if (last is not None and positions.device.type == "cpu"
                 and last[1:3] == (seq_len, dtype) and last[0].shape == positions.shape
                 and last[0].device == positions.device and torch.equal(last[0], positions)):
             return last[3], last[4]
@@ -153,7 +159,8 @@ class RotaryPositionalEncoding(PositionalEncoding):
         cos, sin = cos[positions], sin[positions]  # float32 [(B,) T, rotary_dim // 2]
         cos = torch.cat((cos, cos), dim=-1).to(dtype).unsqueeze(-3)  # shared by the heads
         sin = torch.cat((-sin, sin), dim=-1).to(dtype).unsqueeze(-3)
-        self._last_rotation = (positions.clone(), seq_len, dtype, cos, sin)
+        if not compiling:
+            self._last_rotation = (positions.clone(), seq_len, dtype, cos, sin)
         return cos, sin
 
     def rotate(self, x: torch.Tensor, positions: torch.Tensor, seq_len: int) -> torch.Tensor:

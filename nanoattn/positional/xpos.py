@@ -100,10 +100,14 @@ class XPosPositionalEncoding(RotaryPositionalEncoding):
 
     def _factors(self, positions: torch.Tensor, sign: int) -> torch.Tensor:
         """float32 [(B,) 1, T, head_dim]: zeta^(sign * (n - c) / gamma) at each of positions [(B,) T]."""
-        rates = self._rates.get(positions.device)
+        # Compiled code makes them in its graph: one that read the kept ones would compile again.
+        compiling = torch.compiler.is_compiling()
+        rates = None if compiling else self._rates.get(positions.device)
         if rates is None:
             rate = self._rate.to(positions.device)
-            rates = self._rates[positions.device] = (rate, -rate)
+            rates = (rate, -rate)
+            if not compiling:
+                self._rates[positions.device] = rates
         shift = (positions - self.offset).to(torch.float32)  # [(B,) T], exact
         return torch.exp(shift[..., None] * rates[0 if sign > 0 else 1]).unsqueeze(-3)
 

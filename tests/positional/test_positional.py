@@ -4,10 +4,13 @@ import math
 
 import pytest
 import torch
+from torch._dynamo.utils import counters
 
 from nanoattn import GPT, ModelConfig, load_checkpoint
 from nanoattn.checkpoint import save_checkpoint
+from nanoattn.config.options import encoding_options
 from nanoattn.positional import REGISTRY, alibi_slopes, build_positional, sinusoidal_table
+from nanoattn.train.step import LossModule
 
 
 def test_registry_names_match_the_config_choices():
@@ -139,3 +142,22 @@ def test_the_learned_table_starts_at_zero_and_learns_per_position():
     model.loss(torch.randint(0, 50, (2, 6)), torch.randint(0, 50, (2, 6))).backward()
     grad = model.pos.table.weight.grad
     assert (grad[:6].abs().sum(-1) > 0).all() and (grad[6:] == 0).all()  # positions 0..5 were used
+
+
+@pytest.mark.parametrize("pos", sorted(encoding_options()))
+def test_a_compiled_training_step_compiles_once(pos):
+    """The second step reuses the first one's graphs: nothing an encoding keeps between calls
+    (RoPE's tables, the abacus check) is read while tracing, so the whole model compiles once per run.
+    Dynamo alone (backend="eager") decides that: Inductor would only compile the same graphs."""
+    cfg = ModelConfig(vocab_size=64, d_model=32, n_layer=4, n_head=4, n_kv_head=2, d_ff=64, max_seq_len=32,
+                      abacus_digits=list(range(10)), **encoding_options()[pos])
+    net = torch.compile(LossModule(GPT(cfg).train()), backend="eager")
+    idx = torch.randint(0, 64, (2, 32), generator=torch.Generator().manual_seed(0))
+    torch._dynamo.reset()
+    counters.clear()
+    graphs = []
+    for _ in range(2):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            net(idx, idx).backward()
+        graphs.append(counters["stats"]["unique_graphs"])
+    assert graphs[0] > 0 and graphs[1] == graphs[0]
