@@ -13,12 +13,13 @@ Design choices:
   learning rate from the step alone, and nothing but the step needs saving for them.
 - ``fused=True`` AdamW where the device has the kernel (CUDA, and CPU since torch 2.4): one kernel
   for all parameters instead of a loop of small ops.
-- ``optimizer="muon"``: ``torch.optim.Muon`` (Jordan et al. 2024) for the 2-D weights of the
+- ``optimizer="muon"``: ``torch.optim.Muon``'s update (Jordan et al. 2024) for the 2-D weights of the
   transformer blocks (attention and MLP matrices), AdamW as above for everything else (embeddings,
   the LM head, norms, biases, positional and scalar parameters). Muon's update is scaled to
   AdamW's RMS (``adjust_lr_fn="match_rms_adamw"``, Liu et al. 2025, Moonlight), so one schedule
   and peak ``lr`` drive both; ``muon_lr_scale`` multiplies Muon's. Each param group carries its
-  ``lr_scale``: the loop sets ``lr = lr_at(step) * lr_scale``.
+  ``lr_scale``: the loop sets ``lr = lr_at(step) * lr_scale``. ``StackedMuon`` computes it with the
+  matrices of each shape stacked: one batched Newton-Schulz product per iteration and shape.
 - ``embedding_lr_scale`` and ``head_lr_scale`` set the embedding tables' and an untied head's
   rates apart, as modded-nanogpt tunes them (``scaled_groups``); a tied head is the token table.
 """
@@ -80,6 +81,65 @@ def muon_params(model: nn.Module) -> list[nn.Parameter]:
             if isinstance(module, nn.Linear) and module is not head]
 
 
+def newton_schulz(updates: torch.Tensor, coefficients: tuple[float, float, float], steps: int,
+                  eps: float) -> torch.Tensor:
+    """torch.optim.Muon's orthogonalisation of each matrix of ``updates`` [n, rows, cols], in bf16:
+    each scaled to Frobenius norm 1, then ``steps`` of X <- aX + (bA + cA^2)X with A = XX^T, wide side
+    out. One batched product per iteration for the n matrices, where torch runs one per matrix."""
+    a, b, c = coefficients
+    x = updates.bfloat16()
+    tall = x.shape[-2] > x.shape[-1]
+    if tall:
+        x = x.mT
+    x = x / x.norm(dim=(-2, -1), keepdim=True).clamp(min=eps)
+    for _ in range(steps):
+        gram = x @ x.mT
+        x = torch.baddbmm(x, torch.baddbmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+    return x.mT if tall else x
+
+
+def muon_rate_ratio(adjust_lr_fn: str | None, shape: torch.Size) -> float:
+    """torch.optim.Muon's factor on the rate of a matrix of ``shape`` [A, B], by its adjust_lr_fn."""
+    rows, cols = shape[:2]
+    if adjust_lr_fn is None or adjust_lr_fn == "original":
+        return math.sqrt(max(1, rows / cols))
+    return 0.2 * math.sqrt(max(rows, cols)) if adjust_lr_fn == "match_rms_adamw" else 1.0
+
+
+class StackedMuon(torch.optim.Muon):
+    """torch.optim.Muon with the matrices of one shape orthogonalised together (``newton_schulz``):
+    a model's layers share their shapes, so an update runs a few batched products per iteration
+    instead of one per matrix. The update is torch's (a test), and so are the param groups and the
+    state, so a checkpoint of either loads in the other."""
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            by_shape: dict[torch.Size, list[torch.Tensor]] = {}
+            for param in group["params"]:
+                if param.grad is not None:
+                    by_shape.setdefault(param.shape, []).append(param)
+            lr, momentum = group["lr"], group["momentum"]
+            for shape, params in by_shape.items():
+                updates = []
+                for param in params:
+                    grad, state = param.grad, self.state[param]
+                    buffer = state.setdefault("momentum_buffer", torch.zeros_like(grad))
+                    buffer.lerp_(grad, 1 - momentum)
+                    updates.append(grad.lerp(buffer, momentum) if group["nesterov"] else buffer)
+                orthogonal = newton_schulz(torch.stack(updates), group["ns_coefficients"], group["ns_steps"],
+                                           group["eps"])
+                rate = lr * muon_rate_ratio(group["adjust_lr_fn"], shape)
+                for param, update in zip(params, orthogonal, strict=True):
+                    param.mul_(1 - lr * group["weight_decay"])
+                    param.add_(update, alpha=-rate)
+        return loss
+
+
 class OptimizerPair:
     """Muon and AdamW stepped together, checkpointed as one state dict; ``param_groups`` lists both."""
 
@@ -136,8 +196,8 @@ def make_optimizer(model: nn.Module, *, lr: float, weight_decay: float, betas: t
     hidden = {id(p) for p in matrices}
     rest = [{**g, "params": [p for p in g["params"] if id(p) not in hidden]} for g in groups]
     muon_decay = weight_decay if muon_weight_decay is None else muon_weight_decay
-    muon = torch.optim.Muon([{"params": matrices, "lr_scale": muon_lr_scale}], lr=lr * muon_lr_scale,
-                            weight_decay=muon_decay, momentum=muon_momentum, adjust_lr_fn="match_rms_adamw")
+    muon = StackedMuon([{"params": matrices, "lr_scale": muon_lr_scale}], lr=lr * muon_lr_scale,
+                       weight_decay=muon_decay, momentum=muon_momentum, adjust_lr_fn="match_rms_adamw")
     adamw = torch.optim.AdamW([g for g in rest if g["params"]], lr=lr, betas=betas, fused=fused)
     return OptimizerPair(muon, adamw)
 

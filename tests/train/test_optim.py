@@ -5,12 +5,14 @@ import math
 
 import pytest
 import torch
+from torch import nn
 
 from nanoattn import GPT, PRESETS, ModelConfig, preset
 from nanoattn.checkpoint import load_trainer_state
 from nanoattn.train import train
 from nanoattn.train.optim import (
     OptimizerPair,
+    StackedMuon,
     lr_at,
     make_optimizer,
     muon_params,
@@ -156,6 +158,39 @@ def test_muon_and_adamw_step_together_with_their_learning_rates_and_one_state_di
     assert set(state) == {"muon", "adamw"} and len(state["muon"]["state"]) == 8
     with pytest.raises(ValueError, match="train.optimizer=muon needs its muon and adamw states"):
         opt.load_state_dict(adamw.state_dict())
+
+
+@pytest.mark.parametrize("nesterov", [True, False])
+@pytest.mark.parametrize("adjust_lr_fn", ["original", "match_rms_adamw"])
+def test_stacked_muon_makes_torchs_muon_updates_and_state(nesterov, adjust_lr_fn):
+    """StackedMuon over matrices of repeated, tall, wide and square shapes moves them as torch.optim.Muon
+    does, and keeps the same state: a checkpoint of either resumes in the other. Both orthogonalise in
+    bf16 by the same products, batched or one by one; a CPU whose batched kernel sums in another order
+    may round them apart by bf16's unit (2^-8) per iteration, so the bound is that share of each update."""
+    shapes = [(48, 16), (16, 16), (16, 48), (48, 16), (16, 16), (16, 48), (8, 24)]
+    torch.manual_seed(0)
+    ours = [nn.Parameter(torch.randn(*shape) * 0.02) for shape in shapes]
+    theirs = [nn.Parameter(p.detach().clone()) for p in ours]
+    initial = [p.detach().clone() for p in ours]
+    settings = dict(lr=0.02, weight_decay=0.1, momentum=0.9, nesterov=nesterov, adjust_lr_fn=adjust_lr_fn)
+    stacked, reference = StackedMuon(ours, **settings), torch.optim.Muon(theirs, **settings)
+    steps = 3
+    for _ in range(steps):
+        for a, b in zip(ours, theirs, strict=True):
+            a.grad = torch.randn_like(a)
+            b.grad = a.grad.clone()
+        stacked.step()
+        reference.step()
+    for a, b, start, (rows, cols) in zip(ours, theirs, initial, shapes, strict=True):
+        ratio = (math.sqrt(max(1, rows / cols)) if adjust_lr_fn == "original"
+                 else 0.2 * math.sqrt(max(rows, cols)))
+        bound = steps * 0.02 * ratio * 5 * 2**-8  # rate x NS iterations x bf16's unit, per step
+        torch.testing.assert_close(a, b, rtol=0, atol=bound)
+        assert (a - start).abs().max() > 4 * bound  # the updates themselves are far larger
+    state = stacked.state_dict()
+    reference.load_state_dict(state)
+    assert [sorted(v) for v in state["state"].values()] == [["momentum_buffer"]] * len(shapes)
+    assert state["param_groups"][0].keys() == reference.state_dict()["param_groups"][0].keys()
 
 
 def test_embedding_and_head_rates_are_set_apart_and_a_tied_head_follows_the_token_table():
