@@ -6,7 +6,8 @@ LLaMA in transformers and GPT-NeoX; the interleaved GPT-J layout is the same rot
 a fixed permutation of the q/k projection rows, so weights convert by permuting rows.
 
 Precision: positions come from an int64 arange and the phase, cos and sin are computed in
-float32 outside autocast; only the finished cos/sin are cast to the activations' dtype.
+float32 (elementwise: autocast leaves them so); only the finished cos/sin are cast to the
+activations' dtype.
 Scaled variants (PI, NTK, dynamic NTK, YaRN, Llama-3) change only ``inv_freq`` and an
 attention factor multiplying cos and sin: see ``rope_scaling.py``.
 
@@ -127,10 +128,11 @@ class RotaryPositionalEncoding(PositionalEncoding):
         # Static tables grow by doubling so decoding does not rebuild them every token.
         length = seq_len if self.length_dependent_rotation else max(seq_len, 2 * (cached[0] if cached else 0))
         inv_freq, attention_factor = self.frequencies(seq_len, device)
-        with torch.autocast(device_type=device.type, enabled=False):
-            positions = torch.arange(length, dtype=torch.int64, device=device).float()
-            phase = positions[:, None] * inv_freq.float()[None, :]  # [L, rotary_dim // 2]
-            cos, sin = torch.cos(phase) * attention_factor, torch.sin(phase) * attention_factor
+        # Elementwise float32, which autocast leaves as it is: no autocast region, whose markers in a
+        # compiled graph would keep AOTAutograd from caching it.
+        positions = torch.arange(length, dtype=torch.int64, device=device).float()
+        phase = positions[:, None] * inv_freq.float()[None, :]  # [L, rotary_dim // 2]
+        cos, sin = torch.cos(phase) * attention_factor, torch.sin(phase) * attention_factor
         if not compiling:
             self._tables[device] = (seq_len if self.length_dependent_rotation else length, cos, sin)
         return cos, sin

@@ -1,14 +1,15 @@
 """Positional encodings against their papers' formulas."""
 
+import dataclasses
 import math
 
 import pytest
 import torch
 from torch._dynamo.utils import counters
 
-from nanoattn import GPT, ModelConfig, load_checkpoint
+from nanoattn import GPT, ModelConfig, load_checkpoint, preset
 from nanoattn.checkpoint import save_checkpoint
-from nanoattn.config.options import encoding_options
+from nanoattn.config.options import RECIPES, encoding_options
 from nanoattn.positional import REGISTRY, alibi_slopes, build_positional, sinusoidal_table
 from nanoattn.train.step import LossModule
 
@@ -161,3 +162,24 @@ def test_a_compiled_training_step_compiles_once(pos):
             net(idx, idx).backward()
         graphs.append(counters["stats"]["unique_graphs"])
     assert graphs[0] > 0 and graphs[1] == graphs[0]
+
+
+def test_the_default_models_compiled_step_holds_no_autocast_region():
+    """A region that enters autocast inside the compiled graph keeps AOTAutograd from caching the graph, so
+    every later run would trace its backward again: the default run's forward has none (RoPE's tables
+    are elementwise float32, which autocast leaves alone)."""
+    cfg = preset("llama-tiny", vocab_size=64, d_model=32, n_head=4, n_kv_head=2, d_ff=64, max_seq_len=32)
+    graphs = []
+
+    def keep(graph, inputs):
+        graphs.append(graph)
+        return graph.forward
+
+    net = torch.compile(LossModule(GPT(dataclasses.replace(cfg, **RECIPES["default"]["model"])).train()),
+                        backend=keep)
+    idx = torch.randint(0, 64, (2, 32), generator=torch.Generator().manual_seed(0))
+    torch._dynamo.reset()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        net(idx, idx)
+    targets = {str(node.target) for graph in graphs for node in graph.graph.nodes}
+    assert graphs and not [t for t in targets if "autocast" in t]
