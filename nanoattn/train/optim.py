@@ -128,7 +128,9 @@ class StackedMuon(torch.optim.Muon):
                 updates = []
                 for param in params:
                     grad, state = param.grad, self.state[param]
-                    buffer = state.setdefault("momentum_buffer", torch.zeros_like(grad))
+                    if "momentum_buffer" not in state:
+                        state["momentum_buffer"] = torch.zeros_like(grad)
+                    buffer = state["momentum_buffer"]
                     buffer.lerp_(grad, 1 - momentum)
                     updates.append(grad.lerp(buffer, momentum) if group["nesterov"] else buffer)
                 orthogonal = newton_schulz(torch.stack(updates), group["ns_coefficients"], group["ns_steps"],
