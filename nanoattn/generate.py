@@ -25,6 +25,12 @@ Design:
 - Text: stop *strings* are matched on decoded text (a string may span tokens, a token may
   hold half of one), and streamed text is held back while it could still be the start of a
   stop string or an incomplete UTF-8 character.
+- ``compile=True`` runs every one-token step with the KV cache through ``torch.compile``: one
+  graph per shape whatever the cache's length, the whole step in a few fused kernels and matmuls
+  instead of a Python call per operator. The prefill and steps without the cache run eagerly. The
+  first steps pay the compilation (seconds, less with a warm compile cache), so it pays for long
+  or repeated decoding; compiled kernels round differently from eager ones (float32: within a few
+  units of the last place).
 - Everything runs under ``torch.inference_mode()``; ``generate`` returns an ordinary tensor.
 - A library: nothing here prints, picks a device or reads a checkpoint. The ``sample`` command
   line (``nanoattn.commands.sample``) does that and calls ``sample_text``.
@@ -41,8 +47,8 @@ import torch
 
 from nanoattn.model import GPT, KVCache, StreamingCache, check_streamable
 from nanoattn.model.cache import check_prune_threshold
-from nanoattn.runtime import check_fits
-from nanoattn.validation import check_non_negative_int, fail, is_int
+from nanoattn.runtime import check_fits, compile_choice, use_compile_cache
+from nanoattn.validation import check_bool, check_non_negative_int, fail, is_int
 
 OWNER = "generate"
 
@@ -129,6 +135,18 @@ def _eval_mode(model: GPT):
             model.train()
 
 
+def step_logits(model: GPT, idx: torch.Tensor, positions: torch.Tensor | None,
+                cache: KVCache | StreamingCache | None) -> torch.Tensor:
+    """float32 logits [B, V] of the last of tokens idx [B, T], encoded after what ``cache`` holds."""
+    hidden, _ = model.hidden_states(idx, positions, cache=cache)  # [B, T, d_model]
+    return model.logits(hidden[:, -1]).float()  # only the last position is needed
+
+
+# One compiled function for every model: parameters are graph inputs, so models of one shape share
+# a graph, and the cache's length becomes symbolic at its second value (automatic dynamic shapes).
+compiled_step_logits = torch.compile(step_logits)
+
+
 class Decoding:
     """Decode up to ``max_new_tokens`` after ``idx`` [B, T]; each ``next()`` returns the new tokens [B].
 
@@ -140,6 +158,7 @@ class Decoding:
     ``prune_threshold`` (selective attention only): context pruning, the keys whose accumulated
     selection F passes it are dropped from the cache for every later token (``model/selective.py``).
     ``positions`` [B, T + max_new_tokens] int64: each token's own position, if not 0, 1, 2, ...
+    ``compile=True``: the one-token steps with the KV cache run compiled (``torch.compile``).
 
     ``idx`` is the prompt plus what was decoded so far, ``finished`` [B] marks sequences that
     picked a stop token, ``last_logits`` [B, V] float32 are the model's logits of the last step
@@ -155,7 +174,7 @@ class Decoding:
                  use_cache: bool = True, sliding_window: bool = False,
                  streaming: tuple[int, int] | None = None, prune_threshold: float | None = None,
                  generator: torch.Generator | None = None, vocab_limit: int | None = None,
-                 positions: torch.Tensor | None = None) -> None:
+                 positions: torch.Tensor | None = None, compile: bool = False) -> None:
         cfg = model.cfg
         if not isinstance(idx, torch.Tensor) or idx.dim() != 2 or idx.dtype != torch.long or idx.numel() == 0:
             fail(OWNER, "idx", getattr(idx, "shape", idx), "must be a non-empty int64 tensor [B, T]")
@@ -188,6 +207,13 @@ class Decoding:
                      "sliding_window=False")
             check_streamable(cfg, OWNER, "streaming", streaming)
         check_prune_threshold(cfg, OWNER, "prune_threshold", prune_threshold)
+        check_bool(OWNER, "compile", compile)
+        if compile and not use_cache:
+            fail(OWNER, "compile", compile, "compiles the one-token steps with the KV cache: it needs "
+                 "use_cache=True")
+        if compile:
+            compile_choice(True, idx.device, f"{OWNER}.compile")  # refuses a machine without the compiler
+            use_compile_cache()
         if prune_threshold is not None and (sliding_window or not use_cache):
             fail(OWNER, "prune_threshold", prune_threshold, "drops keys from the KV cache: it needs "
                  "use_cache=True and sliding_window=False")
@@ -213,7 +239,8 @@ class Decoding:
         check_fits(B * self.end * idx.element_size(), idx.device,
                    f"the token buffer for {B} sequence(s) x {self.end} tokens",
                    advice="ask for fewer samples or new tokens")
-        self.model, self.device = model, idx.device
+        self.model, self.device, self.compile = model, idx.device, compile
+        self.eager_one_token_steps = False
         self.temperature, self.repetition_penalty, self.generator = temperature, repetition_penalty, generator
         self.filters = [(LOGIT_FILTERS[name].apply, value) for name, value in values.items()
                         if value is not None]
@@ -292,8 +319,12 @@ class Decoding:
     def _last_logits(self, idx: torch.Tensor, cache: KVCache | StreamingCache | None = None,
                      first: int = 0) -> torch.Tensor:
         positions = None if self.positions is None else self.positions[:, first:first + idx.shape[1]]
-        hidden, _ = self.model.hidden_states(idx, positions, cache=cache)  # [B, T, d_model]
-        return self.model.logits(hidden[:, -1]).float()  # [B, V]: only the last position is needed
+        if self.compile and cache is not None and idx.shape[1] == 1:
+            if self.eager_one_token_steps:
+                # Contiguous: a slice of the token buffer has its length as stride, which a graph guards.
+                return compiled_step_logits(self.model, idx.contiguous(), positions, cache)
+            self.eager_one_token_steps = True  # the first runs eagerly: it measures the kernels it takes
+        return step_logits(self.model, idx, positions, cache)
 
     def _pick(self, logits: torch.Tensor) -> torch.Tensor:
         if self.vocab_limit < logits.shape[-1]:
@@ -314,7 +345,8 @@ def generate(model: GPT, idx: torch.Tensor, max_new_tokens: int, *, temperature:
              repetition_penalty: float = 1.0, stop_tokens: Iterable[int] | None = None,
              use_cache: bool = True, sliding_window: bool = False, streaming: tuple[int, int] | None = None,
              prune_threshold: float | None = None, generator: torch.Generator | None = None,
-             vocab_limit: int | None = None, positions: torch.Tensor | None = None) -> torch.Tensor:
+             vocab_limit: int | None = None, positions: torch.Tensor | None = None,
+             compile: bool = False) -> torch.Tensor:
     """idx [B, T] -> [B, T + n]: n = max_new_tokens, or fewer when every sequence picked a stop token.
 
     A sequence that stopped early is padded with its stop token repeated. See ``Decoding``.
@@ -323,7 +355,7 @@ def generate(model: GPT, idx: torch.Tensor, max_new_tokens: int, *, temperature:
                         min_p=min_p, repetition_penalty=repetition_penalty, stop_tokens=stop_tokens,
                         use_cache=use_cache, sliding_window=sliding_window, streaming=streaming,
                         prune_threshold=prune_threshold, generator=generator, vocab_limit=vocab_limit,
-                        positions=positions)
+                        positions=positions, compile=compile)
     for _ in decoding:
         pass
     return decoding.idx.clone()  # cloned outside inference mode: an ordinary tensor

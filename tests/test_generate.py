@@ -418,6 +418,30 @@ def test_stop_tokens_end_each_sequence_and_pad_with_the_stop():
     assert all_stop.shape == (2, PROMPT + 1)
 
 
+def test_compiled_decoding_matches_eager_and_compiles_once_per_shape():
+    """compile=True: the same greedy tokens, and each step's logits equal to eager ones within
+    float32 rounding (Inductor fuses the norms and sums in another order). Two graphs: one for the
+    first cached length, one with the length symbolic; another prompt of the same total length
+    compiles nothing, a new total length once more (then symbolic too), and none after."""
+    torch._dynamo.reset()
+    model, greedy = tiny(), dict(temperature=0, repetition_penalty=PENALTY)
+    compiled = Decoding(model, prompt(), 9, compile=True, **greedy)
+    eager = Decoding(model, prompt(), 9, **greedy)
+    for token, reference in zip(compiled, eager, strict=True):
+        assert torch.equal(token, reference)
+        torch.testing.assert_close(compiled.last_logits, eager.last_logits, atol=1e-5, rtol=1e-5)
+
+    def graphs_after(prompt_len: int, new: int) -> int:
+        idx = prompt(length=prompt_len)
+        tokens = generate(model, idx, new, compile=True, **greedy)
+        assert torch.equal(tokens, generate(model, idx, new, **greedy))
+        return torch._dynamo.utils.counters["stats"]["unique_graphs"]
+
+    assert graphs_after(PROMPT + 2, 7) == 2
+    assert graphs_after(PROMPT, 7) == 3
+    assert graphs_after(PROMPT + 1, 3) == 3
+
+
 def test_generate_returns_an_ordinary_tensor_and_restores_training_mode():
     model, idx = tiny(), prompt()
     model.train()
@@ -434,6 +458,8 @@ def test_generate_returns_an_ordinary_tensor_and_restores_training_mode():
     ({"repetition_penalty": 0}, "generate.repetition_penalty=0"),
     ({"stop_tokens": [64]}, "generate.stop_tokens"),
     ({"max_new_tokens": -2}, "generate.max_new_tokens=-2"),
+    ({"compile": "yes"}, "generate.compile='yes' is invalid: must be true or false"),
+    ({"compile": True, "use_cache": False}, "generate.compile=True is invalid: .* needs use_cache=True"),
 ])
 def test_bad_options_are_one_line_errors(option, match):
     kwargs = {"max_new_tokens": 4, **option}

@@ -7,6 +7,7 @@ in process.
 
 from __future__ import annotations
 
+import importlib
 import io
 import subprocess
 import sys
@@ -27,6 +28,8 @@ from nanoattn.runtime import autocast_dtype
 from nanoattn.validation import from_dict
 
 ROOT = Path(__file__).resolve().parents[1]
+# The module: the package's own name `generate` is the function.
+generate_module = importlib.import_module("nanoattn.generate")
 sys.path.insert(0, str(ROOT / "scripts"))
 from _hydra_cli import register_schema  # noqa: E402  (scripts/ is not a package)
 
@@ -163,6 +166,21 @@ def test_config_composes_with_rope_scaling_overrides():
         GlobalHydra.instance().clear()
 
 
+def test_compile_true_sends_the_one_token_steps_to_the_compiled_function(runs, monkeypatch):
+    """The command's option reaches ``Decoding``: every one-token step after the first goes to
+    ``compiled_step_logits``, here the eager function counted (compiling is tested in test_generate)."""
+    calls = []
+
+    def counted(*args):
+        calls.append(tuple(args[1].shape))
+        return generate_module.step_logits(*args)
+
+    monkeypatch.setattr(generate_module, "compiled_step_logits", counted)
+    texts, _, _ = in_process(runs, prompt="ROMEO:", temperature=0, dtype="float32", compile=True)
+    assert len(calls) == 30 - 2 and set(calls) == {(1, 1)}  # not the prompt's step, nor the first token's
+    assert texts == in_process(runs, prompt="ROMEO:", temperature=0, dtype="float32")[0]
+
+
 @pytest.mark.parametrize("values, match", [
     ({}, "sample.ckpt=None"),
     ({"ckpt": "x", "prompt": "a", "prompt_file": "p.txt"}, "not both"),
@@ -170,6 +188,7 @@ def test_config_composes_with_rope_scaling_overrides():
     ({"ckpt": "x", "dtype": "fp16"}, "sample.dtype='fp16'"),
     ({"ckpt": "x", "device": "gpu"}, "sample.device='gpu'"),
     ({"ckpt": "x", "stream": "yes"}, "sample.stream='yes'"),
+    ({"ckpt": "x", "compile": "yes"}, "sample.compile='yes' is invalid: allowed: true | false | auto"),
     ({"ckpt": "x", "stop": [""]}, "sample.stop"),
     ({"ckpt": "x", "temprature": 1}, "sample.temprature"),
 ])

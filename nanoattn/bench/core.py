@@ -60,7 +60,7 @@ class BenchConfig:
     model: ModelConfig | str = "llama-small"  # a preset (max_seq_len becomes seq_len) or a ModelConfig
     batch_size: int = 8
     seq_len: int = 256  # train and mfu; eval's 1x (quick: 64)
-    compile: bool = False  # train, profile: also torch.compile'd steps (tens of seconds to compile each)
+    compile: bool = False  # train, profile, decode: also torch.compile'd steps (seconds to compile each)
     ckpt: str | None = None  # decode: a checkpoint or run directory instead of a random decode_model
     decode_model: ModelConfig | str = "llama-tiny"  # a preset name or a ModelConfig
     run: str | None = None  # e2e: a run directory written by scripts/train.py

@@ -6,7 +6,8 @@
 - Greedy ``nanoattn.generate.generate`` vs transformers' ``generate`` on the same weights and
   prompts, side by side, with the first position where their tokens differ (none expected), at
   both bench shapes: ``decode_model`` (or the checkpoint) and, unless a checkpoint is decoded,
-  the train section's ``model``.
+  the train section's ``model``. With ``compile=true`` also ``generate(compile=True)``, whose
+  first call (``first_call_s``: compilation, with the compile cache as found) is timed apart.
 - Tokens per second counts generated tokens, prefill included. The whole sequence fits the
   model's ``max_seq_len``, so every encoding (learned included) can decode it.
 """
@@ -14,6 +15,7 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Mapping
 
 import torch
@@ -60,7 +62,8 @@ def _sampled_rate(model: GPT, prompt: torch.Tensor, new_tokens: int, use_cache: 
 
 def _greedy_rows(model: GPT, twin: torch.nn.Module, name: str, prompt_len: int, new_tokens: int,
                  cfg: BenchConfig) -> list[Row]:
-    """nanoattn.generate vs transformers' generate (``twin``), greedy, on the same weights and prompts."""
+    """nanoattn.generate (eager, and compiled with ``compile=true``) vs transformers' generate
+    (``twin``), greedy, on the same weights and prompts."""
     device = model.tok_emb.weight.device
     amp, _ = autocast_dtype(cfg.dtype, device)
     rows = []
@@ -69,23 +72,32 @@ def _greedy_rows(model: GPT, twin: torch.nn.Module, name: str, prompt_len: int, 
         mask = torch.ones_like(prompt)
         out: dict[str, torch.Tensor] = {}
 
-        def ours(prompt=prompt, out=out) -> None:
+        def ours(compile: bool, prompt=prompt, out=out) -> None:
             with autocast(device, amp):
-                out["nanoattn"] = generate(model, prompt, new_tokens, temperature=0)
+                out["nanoattn" + (" compiled" if compile else "")] = generate(
+                    model, prompt, new_tokens, temperature=0, compile=compile)
 
         def theirs(prompt=prompt, mask=mask, out=out) -> None:
             with torch.inference_mode(), autocast(device, amp):
                 out["transformers"] = twin.generate(prompt, attention_mask=mask, do_sample=False,
                                                     max_new_tokens=new_tokens, min_new_tokens=new_tokens)
 
-        seconds = alternate({"nanoattn": ours, "transformers": theirs}, cfg.reps, device)
-        differ = (out["nanoattn"] != out["transformers"]).any(dim=0).nonzero()
-        first_diff = None if differ.numel() == 0 else int(differ[0]) - prompt_len
+        fns = {"nanoattn": lambda: ours(False), "transformers": theirs}
+        first_call = {}
+        if cfg.compile:  # its first call compiles, with the compile cache as found: timed on its own
+            start = time.perf_counter()
+            ours(True)
+            first_call["nanoattn compiled"] = time.perf_counter() - start
+            fns["nanoattn compiled"] = lambda: ours(True)
+        seconds = alternate(fns, cfg.reps, device)
         for impl, s in seconds.items():
+            differ = (out[impl] != out["transformers"]).any(dim=0).nonzero()
+            first_diff = None if differ.numel() == 0 else int(differ[0]) - prompt_len
             rows.append(dict(model=name, impl=impl + " greedy", batch=batch, cache=True, prompt=prompt_len,
                              new=new_tokens, tok_per_s=batch * new_tokens / s,
                              vs_transformers=seconds["transformers"] / s,
-                             same_tokens=first_diff is None, first_diff=first_diff))
+                             same_tokens=first_diff is None, first_diff=first_diff,
+                             first_call_s=first_call.get(impl)))
     return rows
 
 

@@ -24,7 +24,16 @@ import torch
 from nanoattn.checkpoint import load_checkpoint
 from nanoattn.data.tokenizer import EOT
 from nanoattn.generate import Decoding, sample_text
-from nanoattn.runtime import DTYPES, affordable, autocast, autocast_dtype, check_device_name, pick_device
+from nanoattn.runtime import (
+    DTYPES,
+    affordable,
+    autocast,
+    autocast_dtype,
+    check_compile_choice,
+    check_device_name,
+    compile_choice,
+    pick_device,
+)
 from nanoattn.validation import check_bool, check_choice, check_positive_int, check_seed, fail
 
 OWNER = "sample"
@@ -62,6 +71,7 @@ class SampleConfig:
     # StreamingLLM: [n_sink, window], the first n_sink tokens and the newest window ones in a fixed cache
     streaming_llm: list[int] | None = None
     rope_scaling: dict[str, Any] | None = None  # zero-shot RoPE scaling, e.g. {type: yarn, factor: 4}
+    compile: bool | str = False  # compile the one-token decoding steps: true | false | auto
 
     def __post_init__(self) -> None:
         if not isinstance(self.ckpt, (str, Path)) or not str(self.ckpt):
@@ -82,6 +92,7 @@ class SampleConfig:
             check_bool(OWNER, name, getattr(self, name))
         check_device_name(OWNER, "device", self.device)
         check_choice(OWNER, "dtype", self.dtype, DTYPES)
+        check_compile_choice(OWNER, "compile", self.compile)
         if self.rope_scaling is not None and not isinstance(self.rope_scaling, Mapping):
             fail(OWNER, "rope_scaling", self.rope_scaling, "must be a mapping, e.g. {type: yarn, factor: 4}")
 
@@ -113,6 +124,7 @@ def sample(cfg: SampleConfig, *, out: TextIO | None = None, err: TextIO | None =
     out, err = out or sys.stdout, err or sys.stderr
     device = pick_device(cfg.device, f"{OWNER}.device")
     dtype, _ = autocast_dtype(cfg.dtype, device)  # None: plain float32
+    compile, _ = compile_choice(cfg.compile, device, f"{OWNER}.compile")
     prompt = read_prompt_file(cfg.prompt_file) if cfg.prompt_file else cfg.prompt or ""
     ckpt = load_checkpoint(cfg.ckpt, rope_scaling=cfg.rope_scaling, device=device)
     tokenizer = ckpt.tokenizer
@@ -125,7 +137,7 @@ def sample(cfg: SampleConfig, *, out: TextIO | None = None, err: TextIO | None =
     options = dict(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, min_p=cfg.min_p,
                    repetition_penalty=cfg.repetition_penalty, sliding_window=cfg.sliding_window,
                    streaming=None if cfg.streaming_llm is None else tuple(cfg.streaming_llm),
-                   stop_tokens=[] if eot is None else [eot], stop=cfg.stop)
+                   stop_tokens=[] if eot is None else [eot], stop=cfg.stop, compile=compile)
 
     def run(num_samples: int, seed: int, on_text=None) -> tuple[list[str], Decoding]:
         generator = torch.Generator(device=device).manual_seed(seed)

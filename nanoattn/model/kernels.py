@@ -144,11 +144,18 @@ def row_block_linear(x: torch.Tensor, weight: torch.Tensor, blocks: int) -> torc
     return y.permute(2, 0, 1).reshape(rows, out)  # [blocks, out / blocks, M] -> [M, out]
 
 
+@torch.compiler.assume_constant_result
+def intra_op_threads() -> int:
+    """torch's thread count; a compiled graph takes the count it was traced at as a constant."""
+    return torch.get_num_threads()
+
+
 class Linear(nn.Linear):
     """nn.Linear whose products of at most ``MEASURED_ROWS`` rows on a CPU without autograd (a
     decoding step's) take the faster of F.linear and ``row_block_linear`` here, timed the first time
     a shape is met (``fastest_kernel``). Both compute the same dot products and differ by rounding
-    only. Compiled code takes F.linear: Inductor picks its own kernels."""
+    only. Compiled code takes the choice measured eagerly before (timing cannot run while tracing),
+    else F.linear."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -157,11 +164,13 @@ class Linear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.shape[:-1].numel()
-        if torch.is_grad_enabled() or rows > MEASURED_ROWS or torch.compiler.is_compiling():
+        if torch.is_grad_enabled() or rows > MEASURED_ROWS:
             return F.linear(x, self.weight, self.bias)
-        key = (rows, x.dtype, x.device, torch.is_autocast_enabled("cpu"), torch.get_num_threads())
+        key = (rows, x.dtype, x.device, torch.is_autocast_enabled("cpu"), intra_op_threads())
         blocks = self.row_blocks.get(key)
         if blocks is None:
+            if torch.compiler.is_compiling():
+                return F.linear(x, self.weight, self.bias)
             blocks = self.row_blocks[key] = self._measure(x.reshape(rows, -1))
         if not blocks:
             return F.linear(x, self.weight, self.bias)
