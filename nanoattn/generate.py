@@ -22,18 +22,16 @@ Design:
   temperature, then the registered filters top-k, top-p, min-p. ``temperature=0`` is greedy.
 - A sequence ends when it picks a stop token; it then repeats that token, so the batch stays
   rectangular, and decoding ends early once every sequence has stopped.
-- Text: stop *strings* are matched on decoded text (a string may span tokens, a token may
-  hold half of one), and streamed text is held back while it could still be the start of a
-  stop string or an incomplete UTF-8 character.
-- ``compile=True`` runs every one-token step with the KV cache through ``torch.compile``: one
-  graph per shape whatever the cache's length, the whole step in a few fused kernels and matmuls
-  instead of a Python call per operator. The prefill and steps without the cache run eagerly. The
-  first steps pay the compilation (seconds, less with a warm compile cache), so it pays for long
-  or repeated decoding; compiled kernels round differently from eager ones (float32: within a few
-  units of the last place).
+- ``compile=True`` runs the one-token steps with the KV cache through ``torch.compile``: the whole
+  step in a few fused kernels and the matmuls, not a Python call per operator. The prompt and the
+  first token run eagerly (that step measures the kernels the graph then takes). A model shape
+  compiles once, in seconds: the cache's length and size are symbolic in the graph, which serves
+  every step, prompt and max_new_tokens (a new batch size compiles again). Compiled kernels sum in
+  another order, so logits differ from eager ones in the last float32 bits.
 - Everything runs under ``torch.inference_mode()``; ``generate`` returns an ordinary tensor.
-- A library: nothing here prints, picks a device or reads a checkpoint. The ``sample`` command
-  line (``nanoattn.commands.sample``) does that and calls ``sample_text``.
+- A library: nothing here prints, picks a device or reads a checkpoint. Text on top (stop strings,
+  streaming) is ``nanoattn.text``; the ``sample`` command line (``nanoattn.commands.sample``) reads
+  the checkpoint and calls ``nanoattn.text.sample_text``.
 """
 
 from __future__ import annotations
@@ -143,8 +141,12 @@ def step_logits(model: GPT, idx: torch.Tensor, positions: torch.Tensor | None,
 
 
 # One compiled function for every model: parameters are graph inputs, so models of one shape share
-# a graph, and the cache's length becomes symbolic at its second value (automatic dynamic shapes).
+# a graph. The cache's length and size, and its buffers' slots, are symbolic from the first trace
+# (Dynamo source names, matched as regular expressions), so that graph serves every step and prompt.
 compiled_step_logits = torch.compile(step_logits)
+CACHE_SOURCES = ",".join(["L['cache'].length", "L['cache'].capacity",
+                          r"L\['cache'\]\.(k|v|log_gates)\[\d+\]:2",
+                          r"L\['cache'\]\.(selection\[\d+\]|positions):1"])
 
 
 class Decoding:
@@ -322,7 +324,8 @@ class Decoding:
         if self.compile and cache is not None and idx.shape[1] == 1:
             if self.eager_one_token_steps:
                 # Contiguous: a slice of the token buffer has its length as stride, which a graph guards.
-                return compiled_step_logits(self.model, idx.contiguous(), positions, cache)
+                with torch.compiler.config.patch(dynamic_sources=CACHE_SOURCES):
+                    return compiled_step_logits(self.model, idx.contiguous(), positions, cache)
             self.eager_one_token_steps = True  # the first runs eagerly: it measures the kernels it takes
         return step_logits(self.model, idx, positions, cache)
 
@@ -359,74 +362,3 @@ def generate(model: GPT, idx: torch.Tensor, max_new_tokens: int, *, temperature:
     for _ in decoding:
         pass
     return decoding.idx.clone()  # cloned outside inference mode: an ordinary tensor
-
-
-# ----------------------------------------------------------------------------- text
-
-
-class TextStream:
-    """One sample's continuation as text, cut before the first stop string.
-
-    ``push`` takes a token and returns the text that can no longer change: the decoded text
-    minus a tail that is an incomplete UTF-8 character (decoded as U+FFFD) or could still
-    grow into a stop string.
-    """
-
-    def __init__(self, tokenizer, stop: Sequence[str] = ()) -> None:
-        self.tokenizer, self.stop = tokenizer, list(stop)
-        self.ids: list[int] = []
-        self.text, self.emitted, self.done = "", 0, False
-
-    def push(self, token: int) -> str:
-        self.ids.append(token)
-        self.text = self.tokenizer.decode(self.ids)
-        hits = [at for at in (self.text.find(s) for s in self.stop) if at >= 0]
-        if hits:
-            self.text = self.text[:min(hits)]
-            return self.finish()
-        return self._emit(len(self.text) - self._held_back())
-
-    def finish(self) -> str:
-        self.done = True
-        return self._emit(len(self.text))
-
-    def _held_back(self) -> int:
-        held = len(self.text) - len(self.text.rstrip("\ufffd"))
-        for s in self.stop:
-            held = max(held, next((n for n in range(len(s) - 1, 0, -1) if self.text.endswith(s[:n])), 0))
-        return held
-
-    def _emit(self, end: int) -> str:
-        piece = self.text[self.emitted:end]
-        self.emitted = max(self.emitted, end)
-        return piece
-
-
-def sample_text(model: GPT, tokenizer, prompt_ids: Sequence[int], max_new_tokens: int, *,
-                num_samples: int = 1, stop: Sequence[str] = (),
-                on_text: Callable[[int, str], None] | None = None,
-                **options: Any) -> tuple[list[str], Decoding]:
-    """Decode ``num_samples`` continuations of one prompt in a batch; return their texts and the Decoding.
-
-    Each text ends before its first stop string or stop token; ``on_text(sample, piece)`` is
-    called with text as soon as it is final. ``options`` go to ``Decoding``; only ids the
-    tokenizer has are drawn (``vocab_limit``), since the others decode to nothing.
-    """
-    options.setdefault("vocab_limit", min(tokenizer.get_vocab_size(), model.cfg.vocab_size))
-    idx = torch.tensor([list(prompt_ids)] * num_samples, dtype=torch.long,
-                       device=model.tok_emb.weight.device)  # [num_samples, T]
-    decoding = Decoding(model, idx, max_new_tokens, **options)
-    streams = [TextStream(tokenizer, stop) for _ in range(num_samples)]
-    for token in decoding:
-        for b, (t, finished) in enumerate(zip(token.tolist(), decoding.finished.tolist(), strict=True)):
-            if not streams[b].done:
-                piece = streams[b].finish() if finished else streams[b].push(t)
-                if piece and on_text is not None:
-                    on_text(b, piece)
-        if all(s.done for s in streams):
-            break
-    for b, s in enumerate(streams):
-        piece = s.finish()
-        if piece and on_text is not None:
-            on_text(b, piece)
-    return [s.text for s in streams], decoding

@@ -6,6 +6,8 @@ definitions of top-k / top-p / min-p / CTRL's penalty, and transformers' logits 
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
 import itertools
 
 import pytest
@@ -20,17 +22,19 @@ from transformers.generation.logits_process import (
 from variants import NO_BIAS, ONLY_ROPE, VARIANTS, alternatives, stages
 
 from nanoattn import GPT, KVCache, ModelConfig, generate
+from nanoattn.config.options import encoding_options
 from nanoattn.generate import (
     Decoding,
-    TextStream,
     apply_repetition_penalty,
     min_p_filter,
     sample_categorical,
-    sample_text,
     top_k_filter,
     top_p_filter,
 )
 from nanoattn.positional import REGISTRY
+from nanoattn.text import TextStream, sample_text
+
+generate_module = importlib.import_module("nanoattn.generate")  # `nanoattn.generate` is the function
 
 # Every registered encoding, and a per-layer layout (Llama 4's RoPE/NoPE interleaving, with its
 # query temperature switching on inside the decoded length).
@@ -418,28 +422,55 @@ def test_stop_tokens_end_each_sequence_and_pad_with_the_stop():
     assert all_stop.shape == (2, PROMPT + 1)
 
 
-def test_compiled_decoding_matches_eager_and_compiles_once_per_shape():
+def test_compiled_decoding_matches_eager_in_one_graph_for_every_length():
     """compile=True: the same greedy tokens, and each step's logits equal to eager ones within
-    float32 rounding (Inductor fuses the norms and sums in another order). Two graphs: one for the
-    first cached length, one with the length symbolic; another prompt of the same total length
-    compiles nothing, a new total length once more (then symbolic too), and none after."""
+    float32 rounding (Inductor fuses the norms and sums in another order). One graph: the cache's
+    length and size are symbolic, so later steps, other prompts and other totals compile nothing."""
     torch._dynamo.reset()
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]  # the worker's earlier tests' too
     model, greedy = tiny(), dict(temperature=0, repetition_penalty=PENALTY)
     compiled = Decoding(model, prompt(), 9, compile=True, **greedy)
     eager = Decoding(model, prompt(), 9, **greedy)
     for token, reference in zip(compiled, eager, strict=True):
         assert torch.equal(token, reference)
         torch.testing.assert_close(compiled.last_logits, eager.last_logits, atol=1e-5, rtol=1e-5)
-
-    def graphs_after(prompt_len: int, new: int) -> int:
+    for prompt_len, new in ((PROMPT + 2, 7), (PROMPT, 4)):
         idx = prompt(length=prompt_len)
         tokens = generate(model, idx, new, compile=True, **greedy)
         assert torch.equal(tokens, generate(model, idx, new, **greedy))
-        return torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs == 1
 
-    assert graphs_after(PROMPT + 2, 7) == 2
-    assert graphs_after(PROMPT, 7) == 3
-    assert graphs_after(PROMPT + 1, 3) == 3
+
+COMPILED_STEPS = 6
+
+
+@pytest.mark.parametrize("name", [*encoding_options(), *VARIANTS])
+def test_compiled_decoding_compiles_nothing_after_its_first_steps(name, monkeypatch):
+    """Every encoding and attention variant: the graphs of the first compiled steps (the cache's
+    length symbolic) serve every later step, so decoding never compiles per token, and the tokens
+    are eager decoding's. Dynamo alone decides the graphs (backend="eager"):
+    Inductor would compile the same ones."""
+    monkeypatch.setattr(generate_module, "compiled_step_logits",
+                        torch.compile(generate_module.step_logits, backend="eager"))
+    if name in VARIANTS:
+        fields = dict(VARIANTS[name])
+        model = tiny(fields.pop("pos", "rope"), **fields)
+    else:
+        fields = encoding_options()[name]
+        layers = len(fields["pos"]) if isinstance(fields["pos"], list) else 2  # iRoPE's layout has four
+        torch.manual_seed(0)
+        model = GPT(dataclasses.replace(tiny_config(n_layer=layers, abacus_digits=list(range(10))),
+                                        **fields)).eval()
+    greedy = dict(temperature=0, repetition_penalty=PENALTY)
+    torch._dynamo.reset()
+    graphs = []
+    compiled = Decoding(model, prompt(), COMPILED_STEPS, compile=True, **greedy)
+    for _ in compiled:
+        graphs.append(torch._dynamo.utils.counters["stats"]["unique_graphs"])
+    # The prompt's step and the first token's run eagerly; the next compiles. An ordinary int
+    # across a graph break (the abacus check's) turns symbolic at the next step; none after that.
+    assert graphs[2] > graphs[1] and graphs[-1] == graphs[3], graphs
+    assert torch.equal(compiled.idx, generate(model, prompt(), COMPILED_STEPS, **greedy))
 
 
 def test_generate_returns_an_ordinary_tensor_and_restores_training_mode():

@@ -23,8 +23,8 @@ from tokenizers import AddedToken, Tokenizer, decoders, models
 from nanoattn import GPT, ModelConfig, runtime
 from nanoattn.checkpoint import load_checkpoint, save_checkpoint
 from nanoattn.commands.sample import SampleConfig, sample, unescape
-from nanoattn.generate import sample_text
 from nanoattn.runtime import autocast_dtype
+from nanoattn.text import sample_text
 from nanoattn.validation import from_dict
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -23,7 +23,7 @@ import torch
 
 from nanoattn.checkpoint import load_checkpoint
 from nanoattn.data.tokenizer import EOT
-from nanoattn.generate import Decoding, sample_text
+from nanoattn.generate import Decoding
 from nanoattn.runtime import (
     DTYPES,
     affordable,
@@ -34,6 +34,7 @@ from nanoattn.runtime import (
     compile_choice,
     pick_device,
 )
+from nanoattn.text import sample_text
 from nanoattn.validation import check_bool, check_choice, check_positive_int, check_seed, fail
 
 OWNER = "sample"

@@ -216,9 +216,12 @@ class CausalAttention(nn.Module, abc.ABC):
                                                    dropout_p=options["dropout_p"])  # [B, Hkv, H / Hkv, Dv]
                 return y.view(B, H, 1, Dv)
         chunk = max(1, MASK_CHUNK_ELEMENTS // (B * H * Tk))
+        # One chunk without a range: compiled code then guards on Tq <= chunk, not on chunk's value,
+        # which changes with the cache's length at every decoding step.
+        bounds = ([(start, min(start + chunk, Tq)) for start in range(0, Tq, chunk)] if Tq > chunk
+                  else [(0, Tq)])
         outputs = []
-        for start in range(0, Tq, chunk):
-            stop = min(start + chunk, Tq)
+        for start, stop in bounds:
             # Queries and keys end at the same (newest) position, so this chunk's queries see only
             # the first Tk - Tq + stop keys: the later ones, fully masked, are never computed; with a
             # window, neither are the keys before the first query's window.

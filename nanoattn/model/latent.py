@@ -40,7 +40,9 @@ class LatentAttention(CausalAttention):
             self.q_b = Linear(cfg.mla_q_rank, H * (D + R), bias=cfg.bias)
         self.kv_a = Linear(cfg.d_model, self.rank + R, bias=cfg.bias)  # [latent | shared rotary key]
         self.kv_norm = nn.RMSNorm(self.rank, eps=cfg.norm_eps)
-        self.kv_b = Linear(self.rank, H * 2 * D, bias=cfg.bias)  # per head [k_nope | v]
+        # Over every cached latent at each step (rows grow with the length): a plain nn.Linear, since
+        # ``Linear``'s kernel choice per row count would be measured, and compiled, at every length.
+        self.kv_b = nn.Linear(self.rank, H * 2 * D, bias=cfg.bias)  # per head [k_nope | v]
         self.proj = Linear(H * D, cfg.d_model, bias=cfg.bias)
         self.rope = RotaryPositionalEncoding(cfg, [layer], head_dim=R)
 

@@ -38,5 +38,6 @@ class LearnedPositionalEncoding(PositionalEncoding):
                              f"undefined beyond it")
 
     def embed(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        self.check_length(int(positions.max()) + 1)
+        # The model checked the positions against the table (``check_length``) before: reading their
+        # largest here again would break a compiled graph at every call.
         return x + self.table(positions)  # [B, T, d] + [(B,) T, d]
