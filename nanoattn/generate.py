@@ -37,6 +37,7 @@ Design:
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple
@@ -140,10 +141,15 @@ def step_logits(model: GPT, idx: torch.Tensor, positions: torch.Tensor | None,
     return model.logits(hidden[:, -1]).float()  # only the last position is needed
 
 
-# One compiled function for every model: parameters are graph inputs, so models of one shape share
-# a graph. The cache's length and size, and its buffers' slots, are symbolic from the first trace
-# (Dynamo source names, matched as regular expressions), so that graph serves every step and prompt.
-compiled_step_logits = torch.compile(step_logits)
+@functools.cache  # made on first use: torch.compile imports Inductor, a cost no other process pays
+def compiled_step_logits() -> Callable[..., torch.Tensor]:
+    """``step_logits`` compiled, one function for every model: parameters are graph inputs, so models
+    of one shape share a graph. The cache's length and size, and its buffers' slots, are symbolic
+    from the first trace (``CACHE_SOURCES``), so that graph serves every step and prompt."""
+    return torch.compile(step_logits)
+
+
+# Dynamo source names, matched as regular expressions.
 CACHE_SOURCES = ",".join(["L['cache'].length", "L['cache'].capacity",
                           r"L\['cache'\]\.(k|v|log_gates)\[\d+\]:2",
                           r"L\['cache'\]\.(selection\[\d+\]|positions):1"])
@@ -325,7 +331,7 @@ class Decoding:
             if self.eager_one_token_steps:
                 # Contiguous: a slice of the token buffer has its length as stride, which a graph guards.
                 with torch.compiler.config.patch(dynamic_sources=CACHE_SOURCES):
-                    return compiled_step_logits(self.model, idx.contiguous(), positions, cache)
+                    return compiled_step_logits()(self.model, idx.contiguous(), positions, cache)
             self.eager_one_token_steps = True  # the first runs eagerly: it measures the kernels it takes
         return step_logits(self.model, idx, positions, cache)
 

@@ -168,14 +168,14 @@ def test_config_composes_with_rope_scaling_overrides():
 
 def test_compile_true_sends_the_one_token_steps_to_the_compiled_function(runs, monkeypatch):
     """The command's option reaches ``Decoding``: every one-token step after the first goes to
-    ``compiled_step_logits``, here the eager function counted (compiling is tested in test_generate)."""
+    ``compiled_step_logits()``, here the eager function counted (compiling is tested in test_generate)."""
     calls = []
 
     def counted(*args):
         calls.append(tuple(args[1].shape))
         return generate_module.step_logits(*args)
 
-    monkeypatch.setattr(generate_module, "compiled_step_logits", counted)
+    monkeypatch.setattr(generate_module, "compiled_step_logits", lambda: counted)
     texts, _, _ = in_process(runs, prompt="ROMEO:", temperature=0, dtype="float32", compile=True)
     assert len(calls) == 30 - 2 and set(calls) == {(1, 1)}  # not the prompt's step, nor the first token's
     assert texts == in_process(runs, prompt="ROMEO:", temperature=0, dtype="float32")[0]
