@@ -136,12 +136,12 @@ MEASURED_ROWS = 64
 
 
 def row_block_linear(x: torch.Tensor, weight: torch.Tensor, blocks: int) -> torch.Tensor:
-    """x [M, in] @ weight [out, in]^T -> [M, out], as one batched product of the weight's ``blocks``
-    row blocks [out / blocks, in] by x^T (``blocks`` divides out). A BLAS may run the plain product
-    of a few rows on one core; it parallelises a batch over its blocks."""
+    """x [M, in] @ weight [out, in]^T -> [M, out], as one batched product of x by the weight's
+    ``blocks`` row blocks [out / blocks, in], transposed as views (``blocks`` divides out). A BLAS
+    may run the plain product of a few rows on one core; it parallelises a batch over its blocks."""
     rows, (out, width) = x.shape[0], weight.shape
-    y = torch.bmm(weight.view(blocks, out // blocks, width), x.T.expand(blocks, width, rows))
-    return y.permute(2, 0, 1).reshape(rows, out)  # [blocks, out / blocks, M] -> [M, out]
+    y = torch.bmm(x.expand(blocks, rows, width), weight.view(blocks, out // blocks, width).transpose(1, 2))
+    return y.transpose(0, 1).reshape(rows, out)  # [blocks, M, out / blocks] -> [M, out]
 
 
 @torch.compiler.assume_constant_result
@@ -189,4 +189,4 @@ class Linear(nn.Linear):
         kernels = {"linear": lambda: F.linear(x, self.weight),
                    "row blocks": lambda: row_block_linear(x, self.weight, blocks)}
         shape = f"[{x.shape[0]}, {width}] x [{out}, {width}]^T {str(dtype).removeprefix('torch.')}"
-        return blocks if fastest_kernel("linear", shape, kernels) == "row blocks" else 0
+        return blocks if fastest_kernel("few-row linear", shape, kernels) == "row blocks" else 0
