@@ -83,6 +83,9 @@ class RotaryPositionalEncoding(PositionalEncoding):
         self._tables: dict[torch.device, tuple[int, torch.Tensor, torch.Tensor]] = {}
         # (positions, seq_len, dtype, cos, sin) of the last ``rotation``, which the next layer reuses
         self._last_rotation: tuple | None = None
+        device = torch.get_default_device()
+        if not self.length_dependent_rotation and device.type != "meta":
+            self.cos_sin(cfg.max_seq_len, device)  # built now, so a compiled graph reads them
 
     @classmethod
     def check_config(cls, cfg) -> None:
@@ -118,10 +121,12 @@ class RotaryPositionalEncoding(PositionalEncoding):
     def cos_sin(self, seq_len: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """float32 cos and sin [>= seq_len, rotary_dim // 2], attention factor included.
 
-        Compiled code builds them in its graph, where they fuse: a graph that read or filled the kept
-        tables would depend on them, and the next call would compile again."""
+        Compiled code reads static tables kept before (built at construction, or by an eager call):
+        built in its graph, they would fuse into the rotation and be computed again for every head and
+        sequence. It never fills the kept tables, nor reads length-dependent ones: a graph that did
+        would depend on them, and the next call, or the next length, would compile again."""
         compiling = torch.compiler.is_compiling()
-        cached = None if compiling else self._tables.get(device)
+        cached = None if compiling and self.length_dependent_rotation else self._tables.get(device)
         if cached is not None and (cached[0] == seq_len if self.length_dependent_rotation
                                    else cached[0] >= seq_len):
             return cached[1], cached[2]
