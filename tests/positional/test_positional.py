@@ -147,8 +147,9 @@ def test_the_learned_table_starts_at_zero_and_learns_per_position():
 
 @pytest.mark.parametrize("pos", sorted(encoding_options()))
 def test_a_compiled_training_step_compiles_once(pos):
-    """The second step reuses the first one's graphs: nothing an encoding keeps between calls
-    (RoPE's tables, the abacus check) is read while tracing, so the whole model compiles once per run.
+    """The second step reuses the first one's graphs: nothing an encoding keeps between calls changes
+    while tracing (RoPE's static tables are built with the model, the abacus check is not traced), so
+    the whole model compiles once per run.
     Dynamo alone (backend="eager") decides that: Inductor would only compile the same graphs."""
     cfg = ModelConfig(vocab_size=64, d_model=32, n_layer=4, n_head=4, n_kv_head=2, d_ff=64, max_seq_len=32,
                       abacus_digits=list(range(10)), **encoding_options()[pos])
@@ -183,3 +184,29 @@ def test_the_default_models_compiled_step_holds_no_autocast_region():
         net(idx, idx)
     targets = {str(node.target) for graph in graphs for node in graph.graph.nodes}
     assert graphs and not [t for t in targets if "autocast" in t]
+
+
+@pytest.mark.parametrize("rope_scaling, builds_tables",
+                         [(None, False), ({"type": "dynamic", "factor": 2.0}, True)])
+def test_a_compiled_rope_model_reads_its_static_tables_and_builds_only_length_dependent_ones(
+        rope_scaling, builds_tables):
+    """Static cos/sin tables are graph inputs, built once with the model: built in the graph, Inductor
+    fuses them into the rotation and computes cos and sin again for every head and sequence. Dynamic
+    NTK's depend on the length, so its graph builds them."""
+    cfg = preset("llama-tiny", vocab_size=64, d_model=32, n_head=4, n_kv_head=2, d_ff=64, max_seq_len=32,
+                 rope_scaling=rope_scaling)
+    graphs = []
+
+    def keep(graph, inputs):
+        graphs.append(graph)
+        return graph.forward
+
+    model = GPT(cfg).train()
+    net = torch.compile(LossModule(model), backend=keep)
+    idx = torch.randint(0, 64, (2, 32), generator=torch.Generator().manual_seed(0))
+    torch._dynamo.reset()
+    loss = net(idx, idx)
+    targets = {str(node.target) for graph in graphs for node in graph.graph.nodes}
+    assert any("cos" in t for t in targets) == builds_tables, sorted(targets)
+    torch.testing.assert_close(loss, LossModule(model)(idx, idx), rtol=0, atol=0)
+
