@@ -209,4 +209,3 @@ def test_a_compiled_rope_model_reads_its_static_tables_and_builds_only_length_de
     targets = {str(node.target) for graph in graphs for node in graph.graph.nodes}
     assert any("cos" in t for t in targets) == builds_tables, sorted(targets)
     torch.testing.assert_close(loss, LossModule(model)(idx, idx), rtol=0, atol=0)
-
