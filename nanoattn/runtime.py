@@ -166,6 +166,16 @@ def use_compile_cache() -> Path:
     return Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
 
 
+def use_deterministic_compilation() -> None:
+    """Compile with torch's deterministic algorithms, process-wide as its switch is. Inductor then calls
+    the library's kernel for an index's backward pass (embedding lookups, bias tables) where it would
+    emit atomic adds, whose order of summation changes with the threads' timing: a compiled run then
+    repeats itself to the bit and resumes exactly, as an eager one does. An op with no deterministic
+    kernel warns rather than fails, and new tensors are not filled with NaN (torch's debugging aid)."""
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.utils.deterministic.fill_uninitialized_memory = False
+
+
 def autocast(device: torch.device, dtype: torch.dtype | None):
     """The autocast context for ``dtype`` (None: float32, with any enclosing autocast switched off)."""
     if dtype is None or dtype == torch.float32:

@@ -2,10 +2,11 @@
 
 ``LossModule`` puts ``GPT.loss`` behind a ``forward``, the only call DDP sees, so DDP syncs the
 gradients; ``wrap_for_training`` adds DDP and torch.compile (its kernels cached across runs,
-``nanoattn.runtime.use_compile_cache``) as the run asks. ``optimizer_step``
-runs the micro-batches of one update (DDP all-reduces only on the last one), clips the global
-gradient norm, steps, and has every positional encoding project its parameters back into range
-(``project_parameters``: part of the update and deterministic, so a resumed run repeats it).
+``nanoattn.runtime.use_compile_cache``, and deterministic, ``use_deterministic_compilation``) as
+the run asks. ``optimizer_step`` runs the micro-batches of one update (DDP all-reduces only on the
+last one), clips the global gradient norm, steps, and has every positional encoding project its
+parameters back into range (``project_parameters``: part of the update and deterministic, so a
+resumed run repeats it).
 Nothing here synchronises with the device: the loss sum and the norm stay tensors, read by the
 caller once per log window.
 """
@@ -24,7 +25,7 @@ from nanoattn.config import RunConfig
 from nanoattn.data.tasks import row_inputs
 from nanoattn.model import GPT, check_forward_fits, meta_model
 from nanoattn.positional import PositionalEncoding
-from nanoattn.runtime import use_compile_cache
+from nanoattn.runtime import use_compile_cache, use_deterministic_compilation
 from nanoattn.tasks import TASKS
 from nanoattn.validation import declared_defaults, largest_departure
 
@@ -72,6 +73,7 @@ def wrap_for_training(model: GPT, *, ddp: bool, compile: bool, device: torch.dev
             net, device_ids=[device.index] if device.type == "cuda" else None)
     if compile:
         use_compile_cache()
+        use_deterministic_compilation()
         net = torch.compile(net)
     return net
 

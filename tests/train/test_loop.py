@@ -12,11 +12,13 @@ import pytest
 import torch
 import yaml
 from safetensors.torch import load_file
+from torch._inductor.utils import run_and_get_code
 
 import nanoattn.train.step as step
-from nanoattn import load_checkpoint
+from nanoattn import GPT, load_checkpoint, preset
 from nanoattn.checkpoint import CheckpointError, load_trainer_state, read_checkpoint_config
 from nanoattn.config import RunConfig
+from nanoattn.config.options import RECIPES
 from nanoattn.data import TokenData, bits_per_byte, data_dir
 from nanoattn.logging import read_metrics
 from nanoattn.train import TrainingDiverged, train
@@ -319,3 +321,19 @@ def test_a_compiled_run_trains_the_same_losses_within_bf16_rounding_and_caches_i
     assert losses[True] == pytest.approx(losses[False], rel=2**-8)
     assert f"the kernels are cached in {cache}" in capsys.readouterr().err
     assert any(cache.rglob("*.py"))  # Inductor's generated code, kept for the next run of this shape
+
+
+def test_a_compiled_step_sums_index_gradients_in_a_fixed_order(tmp_path, monkeypatch):
+    """Inductor compiles an embedding lookup's backward pass (token shift's too) to atomic adds, summed
+    in the order the threads reach them: a compiled run then neither repeats itself nor resumes
+    exactly. The training step compiles with torch's deterministic algorithms, which send that sum to
+    the library's kernel, so the code generated for the default model holds no atomic add. Code for
+    one thread sums serially, so it is generated for two."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))  # generated here, not loaded
+    monkeypatch.setattr(torch._inductor.config.cpp, "threads", 2)
+    cfg = preset("llama-tiny", vocab_size=64, d_model=32, n_head=4, n_kv_head=2, d_ff=64, max_seq_len=32,
+                 **RECIPES["default"]["model"])
+    net = step.wrap_for_training(GPT(cfg).train(), ddp=False, compile=True, device=torch.device("cpu"))
+    idx = torch.randint(0, 64, (2, 32), generator=torch.Generator().manual_seed(0))
+    _, code = run_and_get_code(lambda: net(idx, idx).backward())
+    assert len(code) == 2 and "atomic_add" not in code[1]  # the forward's and the backward's modules
