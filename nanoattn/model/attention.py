@@ -7,12 +7,12 @@ Design:
 - The fast path is ``scaled_dot_product_attention`` with ``enable_gqa`` so K/V are not repeated
   in memory where the kernel supports it. Without a bias and with queries and keys aligned
   it uses ``is_causal`` (flash / memory-efficient kernels, memory linear in T).
-- On CPU in bf16 with up to 512 keys (``attn_kernel='auto'``, the default), the same function is
-  computed as two bf16 matmuls around a softmax (``_attend_explicit`` in bf16; the score cap and
-  sinks too, whose explicit scores are otherwise float32): at short lengths SDPA's CPU flash
-  kernel is slower than two bf16 matmuls, and faster only from about a thousand keys (``python
-  scripts/bench.py 'only=[attention]'`` prices both). The scores are then [B, H, T, <= 512]:
-  memory stays linear in T. ``attn_kernel='sdpa'`` takes SDPA wherever it can compute the variant.
+- On CPU in bf16 with up to ``BF16_MATMUL_MAX_KEYS`` keys (``attn_kernel='auto'``, the default),
+  the same function is computed as two bf16 matmuls around a softmax wherever they are timed
+  faster than SDPA's CPU flash kernel on this machine (``_attend_explicit`` in bf16; the score cap
+  and sinks too, whose explicit scores are otherwise float32). ``python scripts/bench.py
+  'only=[attention]'`` prices both. The scores are then [B, H, T, <= 1024]: memory stays linear
+  in T. ``attn_kernel='sdpa'`` takes SDPA wherever it can compute the variant.
 - An additive bias (ALiBi) or a cached prefix needs an explicit mask. Queries are then
   processed in chunks, so the largest bias ever built is [n_head, chunk, T_k], never
   [n_head, T, T] for long inputs; each chunk attends only to the keys up to its last query,

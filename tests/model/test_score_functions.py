@@ -81,9 +81,9 @@ def test_evaluation_at_a_long_length_builds_one_chunk_of_scores_at_a_time(monkey
 @pytest.mark.parametrize("fields", [dict(attn_fn="stick_breaking"), dict(attn_fn="sigmoid"),
                                     dict(forget_gate=True)], ids=["stick_breaking", "sigmoid", "fox"])
 def test_bf16_autocast_stays_as_close_to_float32_as_the_plain_block(fields):
-    """Under bf16 autocast (the scores in bf16 up to 512 keys on CPU), the logits stay within bf16
-    rounding: their error against float32 at most twice the plain block's. Stick-breaking sums its
-    logs in float32 and FoX keeps its gates' sums in float32."""
+    """Under bf16 autocast (the scores in bf16 on CPU where the matmuls are timed faster), the
+    logits stay within bf16 rounding: their error against float32 at most twice the plain block's.
+    Stick-breaking sums its logs in float32 and FoX keeps its gates' sums in float32."""
     errors = []
     for variant in ({}, fields):
         torch.manual_seed(0)
