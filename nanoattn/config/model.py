@@ -113,8 +113,9 @@ class ModelConfig:
     # queries (F), are subtracted from every head's logits, so a token can mask earlier ones for all later
     # queries; the KV cache keeps F's column sums. Not with sliding_window or diff_attn.
     selective_attn: bool = False
-    # How attention is computed, the same function either way: auto (on CPU in bf16 with up to 1,024 keys,
-    # two bf16 matmuls and a softmax where timed faster on the machine; else SDPA) | sdpa (SDPA wherever it can).
+    # How attention is computed, the same function either way: auto (on CPU in bf16 with up to 1,024
+    # keys, two bf16 matmuls and a softmax where timed faster on the machine; else SDPA) | sdpa (SDPA
+    # wherever it can compute it).
     attn_kernel: str = "auto"
     norm: str = "rmsnorm"  # layernorm | rmsnorm
     norm_eps: float = 1e-5
