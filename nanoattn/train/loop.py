@@ -88,6 +88,7 @@ from nanoattn.train.run_dir import (
     resolve_init_from,
     run_directory_for,
     snapshot_tokenizer,
+    thread_count_change,
     undo_failed_start,
 )
 from nanoattn.train.signals import StopSignals
@@ -193,7 +194,8 @@ class _Run:
             load_weights(ckpt, model)
             optimizer.load_state_dict(state["optimizer"])
             start = int(state["step"])
-            self.say(f"resumed from {ckpt} at step {start}")
+            self.say(f"resumed from {ckpt} at step {start}"
+                     + thread_count_change(state, torch.get_num_threads()))
         else:
             if t.resume is not False:
                 self.say(f"train.resume: {run_dir} has no checkpoint yet, starting again from step 0")
@@ -380,6 +382,7 @@ class _Run:
         if self.dist.is_main and not (self.ckpt_root / f"{step:06d}" / "model.safetensors").exists():
             state = {"step": step, "optimizer": self.optimizer.state_dict(), "rng": rng, "window": window,
                      "world_size": self.dist.world_size, "batch_size": self.t.batch_size,
+                     "threads": torch.get_num_threads(),
                      "data": {"seed": self.t.seed, "next_step": step},
                      "schedule": {"name": self.t.schedule, "lr": self.t.lr, "min_lr": self.t.min_lr,
                                   "warmup_steps": self.t.warmup_steps, "max_steps": self.t.max_steps,

@@ -180,6 +180,17 @@ def check_resumable(state: dict[str, Any], ckpt: Path, world_size: int, batch_si
                          f"{state['world_size']}): keep the product")
 
 
+def thread_count_change(state: Mapping[str, Any], threads: int) -> str:
+    """What a resume on ``threads`` threads should say of the run's own count at its last save: ""
+    when they agree (or the state predates the record). Kernels split their sums by the thread
+    count, so on another count the losses continue to rounding, not to the bit."""
+    saved = state.get("threads")
+    if saved is None or saved == threads:
+        return ""
+    return (f"; on {threads} thread(s) where it saved on {saved}, so its losses continue to rounding, not to "
+            f"the bit (OMP_NUM_THREADS={saved} resumes it exactly)")
+
+
 def undo_failed_start(run_dir: Path) -> bool:
     """After a failure, take back the files of a run that never trained (no checkpoint, no metrics
     record), so that the same out_dir takes a new start; True if it did. A run that trained keeps

@@ -122,6 +122,25 @@ def test_sigterm_checkpoints_and_the_resumed_run_equals_an_uninterrupted_one(
     compare_runs(run_dir, reference, 1e-6)
 
 
+def test_a_resume_on_another_thread_count_says_its_losses_continue_to_rounding(tmp_path, tiny_config, capsys):
+    """Kernels split their sums by the thread count: each save records the run's count, a resume on
+    the same count says nothing more, and one on another names both and the setting that is exact."""
+    threads = torch.get_num_threads()
+    run_dir = train(tiny_config(tmp_path / "run", max_steps=2, ckpt_interval=2))
+    assert load_trainer_state(run_dir)["threads"] == threads
+    train(tiny_config(tmp_path / "run", max_steps=3, ckpt_interval=3, resume=True))
+    said = capsys.readouterr().err
+    assert "at step 2" in said and "thread(s)" not in said
+    try:
+        torch.set_num_threads(threads + 1)
+        train(tiny_config(tmp_path / "run", max_steps=4, ckpt_interval=4, resume=True))
+    finally:
+        torch.set_num_threads(threads)
+    said = capsys.readouterr().err
+    assert (f"at step 3; on {threads + 1} thread(s) where it saved on {threads}, so its losses continue to "
+            f"rounding, not to the bit (OMP_NUM_THREADS={threads} resumes it exactly)") in said
+
+
 def test_a_task_run_at_random_positions_still_checks_its_task_at_1x(tmp_path, tiny_config):
     """The positions wrap the task's batches; the 1x check still scores the task at 0..T-1."""
     run = train({**tiny_config(tmp_path / "run", max_steps=2, eval_interval=2, random_positions=64),
