@@ -10,9 +10,11 @@ Design:
 - On CPU in bf16 with up to ``BF16_MATMUL_MAX_KEYS`` keys (``attn_kernel='auto'``, the default),
   the same function is computed as two bf16 matmuls around a softmax wherever they are timed
   faster than SDPA's CPU flash kernel on this machine (``_attend_explicit`` in bf16; the score cap
-  and sinks too, whose explicit scores are otherwise float32). ``python scripts/bench.py
-  'only=[attention]'`` prices both. The scores are then [B, H, T, <= 1024]: memory stays linear
-  in T. ``attn_kernel='sdpa'`` takes SDPA wherever it can compute the variant.
+  and sinks too, whose explicit scores are otherwise float32). Causal attention takes its queries
+  in blocks (``kernels.causal_query_blocks``), each over only the keys it sees. ``python
+  scripts/bench.py 'only=[attention]'`` prices both. The scores are then at most [B, H, T, 1024]
+  (a block's [B, H, 64, <= 1024]): memory stays linear in T. ``attn_kernel='sdpa'`` takes SDPA
+  wherever it can compute the variant.
 - An additive bias (ALiBi) or a cached prefix needs an explicit mask. Queries are then
   processed in chunks, so the largest bias ever built is [n_head, chunk, T_k], never
   [n_head, T, T] for long inputs; each chunk attends only to the keys up to its last query,
@@ -60,7 +62,13 @@ from torch import nn
 
 from nanoattn.model.cache import KVCache, StreamingCache
 from nanoattn.model.gates import ExcludeSelf, OutputGate, ScalableSoftmax
-from nanoattn.model.kernels import Linear, bf16_matmuls_faster, grouped_scores, grouped_values
+from nanoattn.model.kernels import (
+    Linear,
+    bf16_matmuls_faster,
+    causal_query_blocks,
+    grouped_scores,
+    grouped_values,
+)
 from nanoattn.model.layers import dropout
 from nanoattn.model.score_functions import SCORE_FUNCTIONS, ForgetGate
 from nanoattn.model.selective import SelectiveBias
@@ -206,8 +214,7 @@ class CausalAttention(nn.Module, abc.ABC):
         if fused and (self.window is None or Tk <= self.window):
             if Tq == Tk:
                 if self._scores_in_bf16(q, k, Tk):
-                    causal = torch.full((Tk, Tk), float("-inf"), dtype=q.dtype, device=q.device).triu(1)
-                    return self._attend_explicit(q, k, v, causal, q.dtype)[0]
+                    return causal_query_blocks(q, k, v, lambda *b: self._attend_explicit(*b, q.dtype)[0])
                 return F.scaled_dot_product_attention(q, k, v, is_causal=True, **options)
             if Tq == 1:  # one new token after the cache: it sees every cached key
                 # Each group's query heads become the query rows of its K/V head: no mask, no

@@ -158,15 +158,15 @@ def bf16_matmuls_measured_faster(fresh_attention_timings, monkeypatch):
                          ids=["rope", "alibi", "t5", "diff", "window", "mla", "softcap", "sinks"])
 def test_the_bf16_matmul_kernel_is_as_close_to_float32_as_sdpa(bf16_matmuls_measured_faster, fields):
     """attn_kernel='auto' on CPU in bf16 (two bf16 matmuls and a softmax) against 'sdpa' on the same
-    weights: logits and every gradient as close to the float32 model's as SDPA's are. A wrong mask,
-    group or scale would be off by whole units."""
-    cfg = ModelConfig(**{**dict(vocab_size=64, d_model=64, n_layer=2, n_head=4, n_kv_head=2, max_seq_len=64),
+    weights: logits and every gradient as close to the float32 model's as SDPA's are, over three causal
+    query blocks. A wrong mask, block, group or scale would be off by whole units."""
+    cfg = ModelConfig(**{**dict(vocab_size=64, d_model=64, n_layer=2, n_head=4, n_kv_head=2, max_seq_len=160),
                          **fields})
     torch.manual_seed(0)
     auto = GPT(cfg)
     sdpa = GPT(ModelConfig.from_dict({**cfg.to_dict(), "attn_kernel": "sdpa"}))
     sdpa.load_state_dict(auto.state_dict())
-    idx, targets = torch.randint(0, 64, (2, 48)), torch.randint(0, 64, (2, 48))
+    idx, targets = torch.randint(0, 64, (2, 150)), torch.randint(0, 64, (2, 150))
     sdpa.zero_grad()
     exact_logits = sdpa(idx)
     sdpa.loss(idx, targets).backward()

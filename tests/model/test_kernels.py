@@ -10,6 +10,8 @@ What is asserted:
 - ``Linear`` asks for a choice only for few rows without autograd, once per shape, and computes
   F.linear's product either way (bias and leading dims included); with autograd or many rows it is
   F.linear bit for bit;
+- ``causal_query_blocks`` scores each block of queries against only the keys it sees, and its bf16
+  output differs from one block over every key by at most the softmax weights' bf16 rounding;
 - ``bf16_matmuls_faster`` times both attention kernels through the backward pass, once per power
   of two of keys, without drawing from the global generator;
 - none of this breaks a compiled graph: training and decoding steps trace whole.
@@ -26,7 +28,16 @@ import torch.nn.functional as F
 
 from nanoattn import GPT, KVCache, ModelConfig
 from nanoattn.model import kernels
-from nanoattn.model.kernels import MEASURED_ROWS, Linear, fastest_kernel, row_block_linear
+from nanoattn.model.kernels import (
+    CAUSAL_QUERY_BLOCK,
+    MEASURED_ROWS,
+    Linear,
+    causal_query_blocks,
+    fastest_kernel,
+    grouped_scores,
+    grouped_values,
+    row_block_linear,
+)
 
 
 def assert_within_dot_product_bound(ours: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
@@ -121,6 +132,31 @@ def test_linear_asks_for_few_rows_without_autograd_and_computes_the_same(monkeyp
     assert len(asked) == 1
 
 
+def test_causal_query_blocks_score_only_the_keys_each_block_sees():
+    """Each block of queries is scored against the keys up to its last query, with their causal mask,
+    and the output is one block's over every key up to bf16 rounding: the blocks leave out only
+    masked keys, whose weights are exactly 0, so they change no more than the order of the sums.
+    Each softmax weight w then rounds within 2^-8 w, and the output sum_j w_j v_j within
+    2^-8 sum_j w_j |v_j| <= 2^-8 max |v|, and again by 2^-8 |y| <= 2^-8 max |v| when rounded."""
+    draws = torch.Generator().manual_seed(0)
+    T = 2 * CAUSAL_QUERY_BLOCK + 22
+    q, k, v = (torch.randn(2, n, T, 8, generator=draws).bfloat16() for n in (4, 2, 2))
+    seen = []
+
+    def attend(q, k, v, mask):
+        seen.append((q.shape[2], k.shape[2], v.shape[2]))
+        queries = torch.arange(k.shape[2] - mask.shape[0], k.shape[2])[:, None]
+        assert torch.equal(mask == 0, torch.arange(k.shape[2]) <= queries)  # itself and the keys before
+        return grouped_values(torch.softmax(grouped_scores(q, k) + mask, dim=-1), v)
+
+    blocks = causal_query_blocks(q, k, v, attend)
+    every_key = attend(q, k, v, torch.full((T, T), float("-inf"), dtype=torch.bfloat16).triu(1))
+    block = CAUSAL_QUERY_BLOCK
+    assert seen[:-1] == [(block, block, block), (block, 2 * block, 2 * block), (22, T, T)]
+    assert blocks.shape == every_key.shape and blocks.dtype == torch.bfloat16
+    assert (blocks.float() - every_key.float()).abs().max() <= 2 ** -7 * v.abs().max().float()
+
+
 def test_attention_is_timed_once_per_power_of_two_of_keys_through_the_backward_pass(fresh_choices,
                                                                                     monkeypatch):
     """Both kernels run through the backward pass when asked (a wrong shape would raise), on random bf16
@@ -137,7 +173,7 @@ def test_attention_is_timed_once_per_power_of_two_of_keys_through_the_backward_p
     timed = [f"q [2, 4, {t}, 8] k [2, 2, {t}, 8] forward and backward" for t in (64, 128)]
     assert asked == timed
     assert sorted(next(iter(json.loads(fresh_choices.read_text()).values()))) == sorted(
-        f"causal attention bf16 {shape}" for shape in timed)
+        f"causal attention bf16 in query blocks {shape}" for shape in timed)
 
 
 def test_the_kernel_choices_leave_compiled_graphs_whole(fresh_choices):
