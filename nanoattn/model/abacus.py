@@ -52,6 +52,10 @@ class Abacus(nn.Module):
         self.table = nn.Embedding(cfg.max_seq_len + cfg.abacus_max_offset + 1, cfg.d_model)
         digits = torch.tensor(cfg.abacus_digits if cfg.abacus_digits is not None else [], dtype=torch.long)
         self.register_buffer("digits", digits, persistent=False)
+        # It reads a value from the tensor: compiled code calls it eagerly, between graphs, and so does
+        # not compile again for every new largest index. Disabled here rather than by a decorator,
+        # whose import of Dynamo every process importing nanoattn would pay.
+        self.check_rows = torch.compiler.disable(check_abacus_rows)
 
     def forward(self, idx: torch.Tensor, cache=None) -> torch.Tensor:
         """The abacus vectors [B, T, d_model] of tokens idx [B, T] (continuing ``cache``'s, if any)."""
@@ -65,14 +69,13 @@ class Abacus(nn.Module):
         if self.training and self.max_offset:
             offset = torch.randint(0, self.max_offset + 1, (), device=idx.device)
             index = torch.where(index > 0, index + offset, 0)
-        self.check_rows(index)
+        self.check_rows(index, self.table.num_embeddings)
         return self.table(index)
 
-    # It reads a value from the tensor: compiled code calls it eagerly, between graphs, and so does
-    # not compile again for every new largest index.
-    @torch.compiler.disable
-    def check_rows(self, index: torch.Tensor) -> None:
-        largest, rows = int(index.max()), self.table.num_embeddings
-        if largest >= rows:
-            raise ValueError(f"abacus index {largest} is past the abacus table of {rows} rows (model."
-                             "max_seq_len + abacus_max_offset + 1): a run of that many digits is undefined")
+
+def check_abacus_rows(index: torch.Tensor, rows: int) -> None:
+    """Refuses abacus indices past a table of ``rows`` rows, naming the largest."""
+    largest = int(index.max())
+    if largest >= rows:
+        raise ValueError(f"abacus index {largest} is past the abacus table of {rows} rows (model."
+                         "max_seq_len + abacus_max_offset + 1): a run of that many digits is undefined")

@@ -27,6 +27,14 @@ KERNEL_CHOICES = "kernels.json"  # in cache_dir(): {machine: {"<what> <shape>": 
 _kernel_choices: dict[str, str] = {}  # this process's, by "<machine> <what> <shape>"
 
 
+def constant_when_compiled(fn: Callable) -> Callable:
+    """``fn`` marked as ``torch.compiler.assume_constant_result`` marks it (compiled code calls it
+    while tracing and keeps the answer), by the attribute Dynamo reads, without importing Dynamo:
+    that import is most of ``import nanoattn``'s time, and only a process that compiles needs it."""
+    fn._dynamo_marked_constant = True
+    return fn
+
+
 @functools.cache
 def _kernel_machine(threads: int) -> str:
     """What a kernel's speed depends on besides its shape: the CPU, torch's build and its threads."""
@@ -110,7 +118,7 @@ def causal_query_blocks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 BF16_TIMED_MIN_TOKENS = 64
 
 
-@torch.compiler.assume_constant_result  # compiled code asks while tracing and keeps the answer
+@constant_when_compiled
 def bf16_matmuls_faster(batch: int, heads: int, kv_heads: int, head_dim: int, keys: int,
                         backward: bool) -> bool:
     """Whether causal bf16 attention over ``keys`` keys runs faster here as two matmuls and a softmax
@@ -165,7 +173,7 @@ def row_block_linear(x: torch.Tensor, weight: torch.Tensor, blocks: int) -> torc
     return y.transpose(0, 1).reshape(rows, out)  # [blocks, M, out / blocks] -> [M, out]
 
 
-@torch.compiler.assume_constant_result
+@constant_when_compiled
 def intra_op_threads() -> int:
     """torch's thread count; a compiled graph takes the count it was traced at as a constant."""
     return torch.get_num_threads()
