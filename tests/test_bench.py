@@ -23,6 +23,7 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
 import nanoattn.bench.e2e
+import nanoattn.bench.labs
 import nanoattn.bench.train
 from nanoattn import GPT
 from nanoattn.bench import (
@@ -36,7 +37,7 @@ from nanoattn.bench import (
 )
 from nanoattn.bench.bare import BareGPT
 from nanoattn.bench.core import DEFAULT_RECIPE, shape_text
-from nanoattn.bench.labs import JOB_ORDER, LAB_JOBS
+from nanoattn.bench.labs import LAB_JOBS, job_order
 from nanoattn.bench.speedrun import recipe, scores, time_to, training_curve, value_at
 from nanoattn.bench.train import TwinLoss, training_twin
 from nanoattn.bench.variants import bench_attention
@@ -357,24 +358,38 @@ record = dict(step=int(args["train.max_steps"]), tokens=1000, tok_per_s=500.0)
 """
 
 
-def test_labs_run_each_labs_job_compiled_eager_and_compiled_again_through_the_trainer(tmp_path, monkeypatch):
+def test_labs_run_each_labs_job_compiled_then_eager_and_compiled_alternated_through_the_trainer(
+        tmp_path, monkeypatch):
+    """Each mode's row holds the median of its jobs' wall times and their range: the wall times are
+    scripted here (the commands still run), so the medians are known."""
     log = tmp_path / "commands.txt"
     cfg = tiny_config(only=["labs"], trainer=[sys.executable, "-c", FAKE_TRAINER, str(log)], threads=1,
-                      labs_steps=7)
+                      labs_steps=7, labs_repeats=3)
+    order = job_order(3)
+    assert [mode for mode, _ in order] == ["compiled, cache as found", *["eager", "compiled, cache warm"] * 3]
+    walls = iter([50.0, 40.0, 30.0, 44.0, 20.0, 41.0, 35.0] * len(LAB_JOBS))  # one lab's, in that order
+    run_job = nanoattn.bench.labs.run_job
+
+    def scripted_wall(*args) -> float:
+        run_job(*args)
+        return next(walls)
+
+    monkeypatch.setattr(nanoattn.bench.labs, "run_job", scripted_wall)
     rows = run_sections(["labs"], cfg)["labs"]
     commands = log.read_text().splitlines()
-    assert len(rows) == len(commands) == 3 * len(LAB_JOBS)
+    assert len(rows) == 3 * len(LAB_JOBS) and len(commands) == len(order) * len(LAB_JOBS)
     for lab_rows, (lab, job), lab_commands in zip(
             (rows[i:i + 3] for i in range(0, len(rows), 3)), LAB_JOBS.items(),
-            (commands[i:i + 3] for i in range(0, len(commands), 3)), strict=True):
-        assert [r["mode"] for r in lab_rows] == [mode for mode, _ in JOB_ORDER]
+            (commands[i:i + len(order)] for i in range(0, len(commands), len(order))), strict=True):
         assert all(r["lab"] == lab and r["steps"] == 7 and r["train_s"] == 2.0 for r in lab_rows)
-        for command, (_, compiled) in zip(lab_commands, JOB_ORDER, strict=True):
+        for command, (_, compiled) in zip(lab_commands, order, strict=True):
             assert command.startswith(" ".join(job) + " ")
             assert f"train.compile={compiled}" in command and "train.max_steps=7" in command
-        eager = lab_rows[1]
-        assert eager["vs_eager"] == 1.0
-        assert all(r["vs_eager"] == eager["wall_s"] / r["wall_s"] for r in lab_rows)
+        summary = [(r["mode"], r["runs"], r["wall_s"], r["wall_s_low"], r["wall_s_high"]) for r in lab_rows]
+        assert summary == [("compiled, cache as found", 1, 50.0, 50.0, 50.0), ("eager", 3, 41.0, 40.0, 44.0),
+                           ("compiled, cache warm", 3, 30.0, 20.0, 35.0)]
+        assert [r["vs_eager"] for r in lab_rows] == [41 / 50, 1.0, 41 / 30]
+    monkeypatch.setattr(nanoattn.bench.labs, "run_job", run_job)
     monkeypatch.setitem(LAB_JOBS, "extrapolation", ("experiment=extrapolation", "pos=broken"))
     failure = (r"^bench.labs: experiment=extrapolation pos=broken .*train.compile=true failed \(exit 1\): "
                r"error: model.pos='broken' is invalid$")
@@ -384,6 +399,8 @@ def test_labs_run_each_labs_job_compiled_eager_and_compiled_again_through_the_tr
         run_sections(["labs"], tiny_config(only=["labs"]))
     with pytest.raises(ValueError, match=r"^bench.labs_steps=0 is invalid"):
         tiny_config(labs_steps=0)
+    with pytest.raises(ValueError, match=r"^bench.labs_repeats=0 is invalid"):
+        tiny_config(labs_repeats=0)
 
 
 @pytest.mark.parametrize("token_shift", [False, True])

@@ -15,8 +15,8 @@
   price (``variants.py``).
 - ``profile``: one training step of the default run under torch.profiler, its time by kind of
   work: matmuls, attention, softmax and loss, norms, optimizer, casts... (``profile.py``).
-- ``labs``: one training job of each lab, eager and compiled, each the lab's own training command:
-  what compiling the step does to a lab's wall time (``labs.py``).
+- ``labs``: one training job of each lab, eager and compiled in alternated rounds, each the lab's
+  own training command: what compiling the step does to a lab's wall time (``labs.py``).
 - ``speedrun``: the default recipe and a candidate trained back to back, the time each needs to a
   target val_bpb and the val_bpb each reaches in the reference's time (``speedrun.py``);
   ``sweep``: the recipe table of a finished recipe sweep, steps to the target per run and seed

@@ -81,11 +81,13 @@ class BenchConfig:
     speedrun_target: float = 2.044  # val_bpb: adamw_baseline's final value on the held-out plays
     speedrun_eval_interval: int = 100  # steps between the evaluations the curves are read from
     sweep: str | None = None  # sweep: a finished recipe sweep's folder of <recipe>/<seed> runs
-    # labs (not in the default list: nine whole trainings): the command that trains a lab's job
-    # ([]: scripts/bench.py gives its scripts/train.py, the command the lab scripts run), and each
-    # job's train.max_steps (null: the lab's own; quick does not shorten them)
+    # labs (not in the default list: whole trainings, 1 + 2 x labs_repeats per lab): the command that
+    # trains a lab's job ([]: scripts/bench.py gives its scripts/train.py, the command the lab scripts
+    # run), each job's train.max_steps (null: the lab's own; quick does not shorten them), and the
+    # rounds of an eager and a compiled job after the first compiled one
     trainer: list[str] = dataclasses.field(default_factory=list)
     labs_steps: int | None = None
+    labs_repeats: int = 3
 
     def __post_init__(self) -> None:
         own = "bench"
@@ -118,6 +120,7 @@ class BenchConfig:
         self.trainer = list(self.trainer)
         if self.labs_steps is not None:
             check_positive_int(own, "labs_steps", self.labs_steps)
+        check_positive_int(own, "labs_repeats", self.labs_repeats)
         for name in ("train_recipe", "speedrun_reference", "speedrun_candidate"):
             value = getattr(self, name)
             if not isinstance(value, (list, tuple)) or not all(isinstance(o, str) and "=" in o
