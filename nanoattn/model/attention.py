@@ -18,7 +18,8 @@ Design:
 - An additive bias (ALiBi) or a cached prefix needs an explicit mask. Queries are then
   processed in chunks, so the largest bias ever built is [n_head, chunk, T_k], never
   [n_head, T, T] for long inputs; each chunk attends only to the keys up to its last query,
-  which halves the work of a long causal input.
+  which halves the work of a long causal input. Past ``CAUSAL_QUERY_BLOCK`` queries a chunk
+  is at most that many, as in the blocks above, which skip most of the masked triangle.
 - The slow path (``return_weights=True``) computes softmax(QK^T/sqrt(d) + bias) explicitly and
   returns the weights for analysis; tests check it equals the fast path.
 - Variants are small named pieces: ``QKNorm`` (RMSNorm of each query and key head, before or
@@ -63,6 +64,7 @@ from torch import nn
 from nanoattn.model.cache import KVCache, StreamingCache
 from nanoattn.model.gates import ExcludeSelf, OutputGate, ScalableSoftmax
 from nanoattn.model.kernels import (
+    CAUSAL_QUERY_BLOCK,
     Linear,
     bf16_matmuls_faster,
     causal_query_blocks,
@@ -223,6 +225,8 @@ class CausalAttention(nn.Module, abc.ABC):
                                                    dropout_p=options["dropout_p"])  # [B, Hkv, H / Hkv, Dv]
                 return y.view(B, H, 1, Dv)
         chunk = max(1, MASK_CHUNK_ELEMENTS // (B * H * Tk))
+        if Tq > CAUSAL_QUERY_BLOCK:  # blocks, as causal_query_blocks, skip the keys after their last query
+            chunk = min(chunk, CAUSAL_QUERY_BLOCK)
         # One chunk without a range: compiled code then guards on Tq <= chunk, not on chunk's value,
         # which changes with the cache's length at every decoding step.
         bounds = ([(start, min(start + chunk, Tq)) for start in range(0, Tq, chunk)] if Tq > chunk

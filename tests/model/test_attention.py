@@ -117,6 +117,31 @@ def test_chunked_mask_path_equals_explicit_attention(monkeypatch, pos, n_kv_head
     assert (weights.triu(1) == 0).all()  # causal
 
 
+@pytest.mark.parametrize("pos", ["alibi", "fire"])
+def test_many_queries_take_the_bias_path_in_causal_query_blocks(monkeypatch, pos):
+    """Past ``CAUSAL_QUERY_BLOCK`` queries, the bias path's chunks are blocks of that many queries,
+    each scored over only the keys up to its last query, and attention is the same function."""
+    block = kernels.CAUSAL_QUERY_BLOCK
+    T = 2 * block + 22
+    cfg = ModelConfig(d_model=32, n_head=4, n_kv_head=2, pos=pos)
+    attn, pe = Attention(cfg), build_positional(cfg)
+    q, k, v = torch.randn(2, 4, T, 8), torch.randn(2, 2, T, 8), torch.randn(2, 2, T, 8)
+    positions = torch.arange(T)
+    with torch.no_grad():
+        slow, _ = attn._attend_explicit(q, k, v, attn._mask(q, k, positions, positions, pe, 0, torch.float32))
+        shapes, original = [], attention_module.Attention._mask
+
+        def spy(self, *args):
+            mask = original(self, *args)
+            shapes.append(tuple(mask.shape[-2:]))
+            return mask
+
+        monkeypatch.setattr(attention_module.Attention, "_mask", spy)
+        fast = attn._attend(q, k, v, positions, positions, pe, 0)
+    assert shapes == [(block, block), (block, 2 * block), (22, T)]
+    torch.testing.assert_close(fast, slow, atol=1e-5, rtol=1e-5)
+
+
 def test_alibi_bias_chunks_stay_below_the_materialised_bound(mask_sizes):
     cfg = ModelConfig(vocab_size=50, d_model=32, n_layer=1, n_head=4, pos="alibi")
     with torch.no_grad():
@@ -179,20 +204,21 @@ def test_the_bf16_matmul_kernel_is_as_close_to_float32_as_sdpa(bf16_matmuls_meas
     assert grad_errors[0] <= 2 * grad_errors[1] + 1e-3
 
 
-@pytest.mark.parametrize("dtype, length, pos, measured, takes_sdpa", [
-    (torch.bfloat16, 512, "rope", "bf16 matmuls", False),  # causal, no bias: the bf16 matmuls
-    (torch.bfloat16, 300, "rope", "sdpa", True),            # where SDPA measured faster, SDPA
-    (torch.bfloat16, 256, "alibi", "bf16 matmuls", False),  # the bias path's chunk as well
-    (torch.bfloat16, 1025, "rope", None, True),             # past 1024 keys SDPA, without timing
-    (torch.float32, 64, "rope", None, True),                # in float32 SDPA, without timing
+@pytest.mark.parametrize("dtype, length, pos, measured, takes_sdpa, timed_tokens", [
+    (torch.bfloat16, 512, "rope", "bf16 matmuls", False, [512]),  # causal, no bias: the bf16 matmuls
+    (torch.bfloat16, 300, "rope", "sdpa", True, [512]),            # where SDPA measured faster, SDPA
+    # the bias path's query blocks as well, each at its own keys: 64, 128, 192 and 256
+    (torch.bfloat16, 256, "alibi", "bf16 matmuls", False, [64, 128, 256]),
+    (torch.bfloat16, 1025, "rope", None, True, []),                # past 1024 keys SDPA, without timing
+    (torch.float32, 64, "rope", None, True, []),                   # in float32 SDPA, without timing
 ])
 def test_the_attention_kernel_choice(fresh_attention_timings, monkeypatch, dtype, length, pos, measured,
-                                     takes_sdpa):
+                                     takes_sdpa, timed_tokens):
     """attn_kernel='auto' against 'sdpa' (SDPA wherever it can compute the variant) on the same
     weights: bit for bit the same logits where auto takes SDPA too, other bf16 roundings where it
-    takes the matmuls (which 'sdpa' therefore does not). Which is faster is timed once per shape,
-    here replaced by its answer; that the matmuls compute the same function is
-    test_the_bf16_matmul_kernel_is_as_close_to_float32_as_sdpa."""
+    takes the matmuls (which 'sdpa' therefore does not). Which is faster is timed once per shape, at
+    the keys' next power of two, once for both layers, here replaced by its answer; that the matmuls
+    compute the same function is test_the_bf16_matmul_kernel_is_as_close_to_float32_as_sdpa."""
     asked = []
     monkeypatch.setattr(kernels, "fastest_kernel",
                         lambda what, shape, candidates: asked.append(shape) or measured)
@@ -204,9 +230,8 @@ def test_the_attention_kernel_choice(fresh_attention_timings, monkeypatch, dtype
     idx = torch.randint(0, 50, (1, length))
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
         assert torch.equal(auto(idx), sdpa(idx)) == takes_sdpa
-    tokens = 1 << (length - 1).bit_length()  # timed at the next power of two, once for both layers
-    timed = [f"q [1, 4, {tokens}, 8] k [1, 2, {tokens}, 8] forward"]
-    assert [a for a in asked if a.startswith("q ")] == ([] if measured is None else timed)
+    timed = [f"q [1, 4, {tokens}, 8] k [1, 2, {tokens}, 8] forward" for tokens in timed_tokens]
+    assert [a for a in asked if a.startswith("q ")] == timed
 
 
 def test_bf16_cached_decoding_with_the_matmul_kernel_follows_the_whole_forward(bf16_matmuls_measured_faster):
