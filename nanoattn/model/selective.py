@@ -49,10 +49,15 @@ from nanoattn.model.cache import KVCache
 from nanoattn.positional.base import PositionalEncoding
 
 
-def selection(logits: torch.Tensor, q_positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
-    """S from head 0's logits [B, Tq, Tk] at q_positions [Tq] and k_positions [Tk]: ReLU of the logits of
-    earlier keys, 0 for the first token, the query itself and later keys. float32 [B, Tq, Tk]."""
-    earlier = (k_positions[None, :] < q_positions[:, None]) & (k_positions[None, :] > 0)  # [Tq, Tk]
+def selection(logits: torch.Tensor) -> torch.Tensor:
+    """S from head 0's logits [B, Tq, Tk] of the newest Tq of Tk tokens: ReLU of the logits of earlier
+    keys, 0 for the first token, the query itself and later keys. float32 [B, Tq, Tk].
+
+    "Earlier" and "first" are by token order, as the causal mask is, never by position: given
+    positions [B, T] may repeat or go back (position coupling) and differ between rows."""
+    Tq, Tk = logits.shape[-2:]
+    order = torch.arange(Tk, device=logits.device)
+    earlier = (order[None, :] < order[Tk - Tq:, None]) & (order[None, :] > 0)  # [Tq, Tk]
     return logits.float().relu().masked_fill(~earlier, 0.0)
 
 
@@ -90,7 +95,7 @@ class SelectiveBias:
         logits = self.cap(logits)
         if inner is not None:
             logits = logits + inner[..., 0, :, :].float()
-        s = selection(logits, q_positions, k_positions)  # [B, Tq, Tk]
+        s = selection(logits)  # [B, Tq, Tk]
         keys = k.shape[2]  # the chunk's keys: positions 0 .. keys - 1
         earlier = self.sums[:, None, :keys]  # [B, 1, Tk]: every query before the chunk
         f = earlier + F.pad(s, (0, 0, 1, 0))[:, :-1].cumsum(dim=1)  # [B, Tq, Tk]: and the chunk's before each

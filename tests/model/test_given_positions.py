@@ -102,7 +102,7 @@ def test_cached_decoding_at_given_positions_equals_recomputation(pos, layout):
 
 
 @pytest.mark.parametrize("variant", ["window", "local_global", "mla", "diff", "sinks", "gate", "xsa", "canon",
-                                     "stick_breaking", "sigmoid"])
+                                     "stick_breaking", "sigmoid", "selective"])
 def test_cached_decoding_at_given_positions_with_attention_variants(variant):
     """A rolling window buffer reads its keys' positions back from the cache; latent attention
     rotates its cached shared key at its own."""

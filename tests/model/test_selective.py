@@ -130,6 +130,25 @@ def test_cached_decoding_past_the_training_length_equals_recomputation(layout):
     assert cache.bytes_per_token() == 2 * 2 * (2 * cfg.n_kv_head * D * 4 + 4)  # K, V and F's sums, 2 layers
 
 
+def test_given_positions_select_by_token_order_in_every_row():
+    """Positions [B, T] (position coupling's repeat and go back) change the encoding's rotation, never
+    which keys are earlier: given 0..T-1 equals the default, and the selection acts at any B and T
+    (it was silently off at B == T and failed otherwise when it read positions as token order)."""
+    torch.manual_seed(0)
+    model = GPT(config()).eval()
+    plain = GPT(config(selective_attn=False)).eval()
+    plain.load_state_dict(model.state_dict())
+    for batch, length in ((1, 10), (3, 10), (10, 10)):
+        idx = torch.randint(0, 64, (batch, length), generator=torch.Generator().manual_seed(batch))
+        order = torch.arange(length).expand(batch, length)
+        coupled = torch.randint(0, 16, (batch, length), generator=torch.Generator().manual_seed(5))
+        with torch.no_grad():
+            torch.testing.assert_close(model(idx, order), model(idx), atol=1e-6, rtol=1e-6)
+            assert (plain(idx, coupled) - model(idx, coupled)).abs().max() > 0.05  # the selection acts
+            alone = torch.cat([model(idx[b:b + 1], coupled[b:b + 1]) for b in range(batch)])
+            torch.testing.assert_close(model(idx, coupled), alone, atol=1e-5, rtol=1e-5)
+
+
 def test_the_selection_sums_grow_and_stay_zero_for_the_first_token():
     torch.manual_seed(0)
     cfg = config()
