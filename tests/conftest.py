@@ -2,17 +2,38 @@
 the conftest.py beside their tests.
 
 Every model in the suite is tiny: a second OpenMP thread gains nothing on it, and on shared
-cores two threads mostly spin-wait for each other (measured here: 6-15x slower). So the suite,
-and every subprocess it starts (which inherits the environment), runs on one thread.
+cores two threads mostly spin-wait for each other. So the suite, and every subprocess it starts
+(which inherits the environment), runs on one thread.
+
+The suite never touches the user's cache (``nanoattn.runtime.cache_dir``: kernel choices, the
+corpus sdist, compiled kernels): the first process of a session makes an empty cache folder of its
+own, which its xdist workers and every subprocess inherit through ``$NANOATTN_CACHE``, and removes it
+at the end. Each session therefore starts cold, as on CI's fresh machine.
 """
 
 import os
+import shutil
+import tempfile
 
 import pytest
 import torch
 
 os.environ["OMP_NUM_THREADS"] = "1"
 torch.set_num_threads(1)
+SUITE_CACHE = "NANOATTN_SUITE_CACHE"  # set by the session's first process: the folder it made
+
+
+def pytest_configure(config):
+    if SUITE_CACHE not in os.environ:  # the session's first process (xdist's controller, or the only one)
+        os.environ[SUITE_CACHE] = tempfile.mkdtemp(prefix="nanoattn-suite-cache-")
+        config.made_suite_cache = True
+    os.environ["NANOATTN_CACHE"] = os.environ[SUITE_CACHE]
+    os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)  # compiled kernels go under it too
+
+
+def pytest_unconfigure(config):
+    if getattr(config, "made_suite_cache", False):
+        shutil.rmtree(os.environ.pop(SUITE_CACHE), ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)

