@@ -30,7 +30,7 @@ from urllib.parse import urlparse
 from tqdm import tqdm
 
 from nanoattn.config import LoggerConfig
-from nanoattn.runtime import write_atomic
+from nanoattn.runtime import note, write_atomic
 from nanoattn.validation import is_int
 
 
@@ -38,11 +38,6 @@ class Logger(Protocol):
     def log(self, record: dict[str, Any]) -> None: ...
 
     def close(self) -> None: ...
-
-
-def note(text: str) -> None:
-    """Print one line to stderr above any progress bar."""
-    tqdm.write(text, file=sys.stderr)
 
 
 class JsonlLogger:

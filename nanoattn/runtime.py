@@ -36,12 +36,14 @@ import json
 import os
 import platform
 import shutil
+import sys
 import sysconfig
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
+from tqdm import tqdm
 
 from nanoattn.validation import fail
 
@@ -54,6 +56,11 @@ CHECKPOINTS = "checkpoints"  # <run dir>/checkpoints/<name>/ (nanoattn.checkpoin
 MODEL_WEIGHTS = "model.safetensors"  # in every checkpoint and every transformers model folder
 RUN_CONFIG = "config.yaml"  # <run dir>/config.yaml: a run directory's mark
 CHECKOUT = Path(__file__).resolve().parents[1]  # the folder holding this package: its repository
+
+
+def note(text: str) -> None:
+    """Print one line to stderr above any progress bar."""
+    tqdm.write(text, file=sys.stderr)
 
 
 def check_device_name(owner: str, name: str, value: object) -> None:

@@ -15,13 +15,15 @@ import functools
 import json
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nanoattn.runtime import cache_dir, cpu_name, write_atomic
+from nanoattn.runtime import cache_dir, cpu_name, exclusive_lock, note, write_atomic
 
 KERNEL_CHOICES = "kernels.json"  # in cache_dir(): {machine: {"<what> <shape>": kernel name}}
 _kernel_choices: dict[str, str] = {}  # this process's, by "<machine> <what> <shape>"
@@ -42,28 +44,58 @@ def _kernel_machine(threads: int) -> str:
     return f"{cpu_name()} | {capability} | torch {torch.__version__} | {threads} threads"
 
 
+def kernel_choices() -> dict[str, str]:
+    """Every kernel choice this process has taken, by "<machine> <what> <shape>": what a checkpoint
+    records, so that a resumed run computes with the same kernels whatever the cache says then."""
+    return dict(_kernel_choices)
+
+
+def take_kernel_choices(recorded: Mapping[str, str]) -> None:
+    """Take ``recorded`` (``kernel_choices`` of an earlier process) before any kernel is asked for:
+    they win over the cache file, which another run may have changed or deleted since."""
+    _kernel_choices.update({key: name for key, name in recorded.items()
+                            if isinstance(key, str) and isinstance(name, str)})
+
+
+def _read_choices(path: Path, say: bool = True) -> dict[str, dict[str, Any]]:
+    """The cache file's choices by machine; nothing (and with ``say`` one line) for a file that is not
+    that shape."""
+    try:
+        known = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as e:
+        problem = f"are unreadable ({e})"
+    else:
+        if isinstance(known, dict) and all(isinstance(v, dict) for v in known.values()):
+            return known
+        problem = "are not a mapping of machines to choices"
+    if say:
+        note(f"kernel choices {path} {problem}: measured again and rewritten")
+    return {}
+
+
 def fastest_kernel(what: str, shape: str, kernels: dict[str, Callable[[], object]], repeats: int = 5) -> str:
     """The name of the fastest of ``kernels`` (calls that compute the same thing) on this machine.
 
     The first time ``what`` is asked for at ``shape``, the kernels are timed alternately, ``repeats``
     times each, and the fastest single time wins; the choice is then remembered in this process and in
     ``cache_dir()/KERNEL_CHOICES`` under the machine's CPU, torch and thread count, so that later runs
-    on the machine take the same kernels, and round alike, without timing them again. Another
-    process writing at the same moment may drop a choice from the file; it is then measured again.
+    on the machine take the same kernels, and round alike, without timing them again. The file is
+    read, merged and replaced under the cache's lock, so processes side by side keep each other's
+    choices; an entry that names no candidate is measured again, with one line saying so.
     """
     machine = _kernel_machine(torch.get_num_threads())
     key = f"{what} {shape}"
     if (found := _kernel_choices.get(f"{machine} {key}")) is not None:
         return found
     path = cache_dir() / KERNEL_CHOICES
-    try:
-        known = json.loads(path.read_text())
-    except (OSError, ValueError):  # none yet, or unreadable: measured again and rewritten
-        known = {}
-    if not isinstance(known, dict) or not isinstance(known.get(machine, {}), dict):
-        known = {}
-    choice = known.get(machine, {}).get(key)
-    if choice not in kernels:
+    choice = _read_choices(path).get(machine, {}).get(key)
+    if choice is not None and (not isinstance(choice, str) or choice not in kernels):
+        note(f"kernel choices {path}: {key!r} is {choice!r}, not one of {' | '.join(kernels)}: "
+             "measured again")
+        choice = None
+    if choice is None:
         best = dict.fromkeys(kernels, float("inf"))
         for _ in range(repeats):  # alternated, so a change in the machine's load meets every kernel
             for name, run in kernels.items():
@@ -71,10 +103,11 @@ def fastest_kernel(what: str, shape: str, kernels: dict[str, Callable[[], object
                 run()
                 best[name] = min(best[name], time.perf_counter() - start)
         choice = min(best, key=best.__getitem__)
-        known.setdefault(machine, {})[key] = choice
         with contextlib.suppress(OSError):  # a read-only cache costs a measurement per process
-            path.parent.mkdir(parents=True, exist_ok=True)
-            write_atomic(path, json.dumps(known, indent=1, sort_keys=True) + "\n")
+            with exclusive_lock(path.parent, f"the kernel cache {path.parent}", wait=True):
+                known = _read_choices(path, say=False)  # said above, if at all
+                known.setdefault(machine, {})[key] = choice
+                write_atomic(path, json.dumps(known, indent=1, sort_keys=True) + "\n")
     _kernel_choices[f"{machine} {key}"] = choice
     return choice
 

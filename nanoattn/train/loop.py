@@ -80,7 +80,6 @@ from nanoattn.train.optim import lr_at, optimizer_for
 from nanoattn.train.run_data import training_data
 from nanoattn.train.run_dir import (
     RUN_TOKENIZER,
-    check_resumable,
     check_run_tokenizer,
     check_same_run,
     locate_run,
@@ -88,11 +87,17 @@ from nanoattn.train.run_dir import (
     resolve_init_from,
     run_directory_for,
     snapshot_tokenizer,
-    thread_count_change,
     undo_failed_start,
 )
 from nanoattn.train.signals import StopSignals
 from nanoattn.train.step import check_step_fits, optimizer_step, wrap_for_training
+from nanoattn.train.trainer_state import (
+    check_resumable,
+    gathered_rng_states,
+    seed_rngs,
+    thread_count_change,
+    trainer_state,
+)
 
 
 class TrainingDiverged(RuntimeError):
@@ -203,7 +208,7 @@ class _Run:
                 load_weights(t.init_from, model)
                 self.say(f"init_from: the weights of {resolve_checkpoint(t.init_from)}, "
                          "a fresh optimizer, step 0")
-        self._seed_rngs(state)
+        seed_rngs(state, self.t.seed, self.dist, self.device)
 
         net = wrap_for_training(model, ddp=d.enabled, compile=self.compiled, device=self.device)
 
@@ -232,19 +237,6 @@ class _Run:
         else:
             self.say(f"stopped at step {step}; continue it with its overrides and train.resume={run_dir}")
         return run_dir
-
-    def _seed_rngs(self, state: dict[str, Any] | None) -> None:
-        """Each rank its own dropout stream; a resumed run continues the saved one exactly."""
-        if state is None:
-            torch.manual_seed(self.t.seed + self.dist.rank)
-            return
-        rng = state["rng"]
-        if len(rng["cpu"]) != self.dist.world_size:  # a new world size: new streams, seeded by the step
-            torch.manual_seed(self.t.seed + self.dist.rank + 1_000_003 * int(state["step"]))
-            return
-        torch.set_rng_state(rng["cpu"][self.dist.rank])
-        if self.device.type == "cuda" and rng.get("cuda"):
-            torch.cuda.set_rng_state(rng["cuda"][self.dist.rank], self.device)
 
     def _describe(self, model: GPT, run_dir: Path, start: int) -> None:
         t, d = self.t, self.dist
@@ -376,17 +368,9 @@ class _Run:
         return distributed.broadcast_object(self.dist, at_1x["exact"])
 
     def _save(self, step: int, window: dict[str, Any], measured: dict[str, float]) -> None:
-        rng = {"cpu": distributed.gather_objects(self.dist, torch.get_rng_state())}
-        if self.device.type == "cuda":
-            rng["cuda"] = distributed.gather_objects(self.dist, torch.cuda.get_rng_state(self.device).cpu())
+        rng = gathered_rng_states(self.dist, self.device)
         if self.dist.is_main and not (self.ckpt_root / f"{step:06d}" / "model.safetensors").exists():
-            state = {"step": step, "optimizer": self.optimizer.state_dict(), "rng": rng, "window": window,
-                     "world_size": self.dist.world_size, "batch_size": self.t.batch_size,
-                     "threads": torch.get_num_threads(),
-                     "data": {"seed": self.t.seed, "next_step": step},
-                     "schedule": {"name": self.t.schedule, "lr": self.t.lr, "min_lr": self.t.min_lr,
-                                  "warmup_steps": self.t.warmup_steps, "max_steps": self.t.max_steps,
-                                  "decay_steps": self.t.decay_steps}}
+            state = trainer_state(step, self.optimizer, rng, window, self.t, self.dist.world_size)
             save_checkpoint(self.ckpt_root, f"{step:06d}", self.model, train_seq_len=self.seq_len, step=step,
                             tokenizer_file=self.run_dir / RUN_TOKENIZER, trainer_state=state,
                             keep_last=self.t.keep_last, measured=measured)

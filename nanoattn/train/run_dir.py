@@ -27,10 +27,8 @@ from typing import Any
 from nanoattn.checkpoint import (
     CHECKPOINTS,
     LATEST,
-    CheckpointError,
     init_model_config,
     list_checkpoints,
-    read_checkpoint_config,
     resolve_checkpoint,
     run_directory,
 )
@@ -163,32 +161,6 @@ def snapshot_tokenizer(run_dir: Path, data: TokenData) -> None:
         write_atomic(run_dir / RUN_TOKENIZER, data.tokenizer.to_str())
         write_atomic(run_dir / RUN_DATA, json.dumps({"data_dir": str(data.data_dir),
                                                      "fingerprint": data.meta.get("fingerprint")}) + "\n")
-
-
-def check_resumable(state: dict[str, Any], ckpt: Path, world_size: int, batch_size: int) -> None:
-    """Refuse a trainer state this version cannot resume, or another number of rows per micro-step."""
-    missing = [k for k in ("step", "optimizer", "rng", "window", "world_size") if k not in state]
-    if missing:
-        raise CheckpointError(f"{ckpt / 'trainer_state.pt'} lacks {', '.join(missing)}: not a trainer "
-                              "state this version can resume")
-    if int(state["step"]) != int(read_checkpoint_config(ckpt).get("step", -1)):
-        raise CheckpointError(f"{ckpt}: trainer_state.pt and config.json disagree on the step")
-    was, now = state["world_size"] * state["batch_size"], world_size * batch_size
-    if was != now:
-        raise ValueError(f"train.batch_size={batch_size} with {world_size} process(es) draws {now} sequences "
-                         f"per micro-step; the run drew {was} (batch_size={state['batch_size']} x "
-                         f"{state['world_size']}): keep the product")
-
-
-def thread_count_change(state: Mapping[str, Any], threads: int) -> str:
-    """What a resume on ``threads`` threads should say of the run's own count at its last save: ""
-    when they agree (or the state predates the record). Kernels split their sums by the thread
-    count, so on another count the losses continue to rounding, not to the bit."""
-    saved = state.get("threads")
-    if saved is None or saved == threads:
-        return ""
-    return (f"; on {threads} thread(s) where it saved on {saved}, so its losses continue to rounding, not to "
-            f"the bit (OMP_NUM_THREADS={saved} resumes it exactly)")
 
 
 def undo_failed_start(run_dir: Path) -> bool:

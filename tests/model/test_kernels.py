@@ -20,6 +20,9 @@ What is asserted:
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -94,17 +97,45 @@ def test_the_fastest_kernel_is_timed_once_and_remembered(fresh_choices, monkeypa
     assert calls == {"slow": 4, "fast": 4}
 
 
-def test_an_unreadable_file_or_a_retired_kernel_is_measured_again(fresh_choices, monkeypatch):
+def test_an_unreadable_file_or_an_entry_naming_no_kernel_is_measured_again_with_one_line(
+        fresh_choices, monkeypatch, capsys):
     calls = {"slow": 0, "fast": 0}
     candidates = {"slow": counting(calls, "slow", 0.005), "fast": counting(calls, "fast", 0)}
     fresh_choices.write_text("{ not json")
     assert fastest_kernel("op", "[1]", candidates, repeats=1) == "fast"
     machine = next(iter(json.loads(fresh_choices.read_text())))
-    fresh_choices.write_text(json.dumps({machine: {"op [1]": "retired"}}))
+    # A retired kernel's name, and a list (which failed with "unhashable type" before).
+    for entry in ("retired", ["fast"]):
+        fresh_choices.write_text(json.dumps({machine: {"op [1]": entry}}))
+        monkeypatch.setattr(kernels, "_kernel_choices", {})
+        assert fastest_kernel("op", "[1]", candidates, repeats=1) == "fast"
+    assert calls == {"slow": 3, "fast": 3}
+    assert json.loads(fresh_choices.read_text()) == {machine: {"op [1]": "fast"}}
+    fresh_choices.write_text(json.dumps({machine: ["op [1]"]}))  # a machine's entry that is no mapping
     monkeypatch.setattr(kernels, "_kernel_choices", {})
     assert fastest_kernel("op", "[1]", candidates, repeats=1) == "fast"
-    assert calls == {"slow": 2, "fast": 2}
-    assert json.loads(fresh_choices.read_text()) == {machine: {"op [1]": "fast"}}
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 4 and all(line.startswith(f"kernel choices {fresh_choices}") for line in lines)
+    assert lines[2].endswith("'op [1]' is ['fast'], not one of slow | fast: measured again")
+
+
+# Each process chooses a kernel for 30 shapes of its own, as fast as it can.
+CHOOSE_MANY = """
+import sys
+from nanoattn.model.kernels import fastest_kernel
+for shape in range(30):
+    fastest_kernel("op", f"{sys.argv[1]} {shape}", {"a": lambda: None, "b": lambda: None}, repeats=1)
+"""
+
+
+def test_two_processes_choosing_at_once_keep_every_choice_in_the_file(fresh_choices):
+    """The file is read, merged and replaced under a lock: without it, one process's replacement drops
+    the choices the other wrote since its read."""
+    processes = [subprocess.Popen([sys.executable, "-c", CHOOSE_MANY, name], env=dict(os.environ))
+                 for name in ("first", "second")]
+    assert [process.wait(timeout=60) for process in processes] == [0, 0]
+    (choices,) = json.loads(fresh_choices.read_text()).values()
+    assert len(choices) == 60
 
 
 @pytest.mark.parametrize("choice", ["row blocks", "linear"])

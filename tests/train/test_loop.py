@@ -20,6 +20,7 @@ from nanoattn.config import RunConfig
 from nanoattn.config.options import RECIPES
 from nanoattn.data import TokenData, bits_per_byte, data_dir
 from nanoattn.logging import read_metrics
+from nanoattn.model import kernels
 from nanoattn.train import TrainingDiverged, train
 
 
@@ -138,6 +139,50 @@ def test_a_resume_on_another_thread_count_says_its_losses_continue_to_rounding(t
     said = capsys.readouterr().err
     assert (f"at step 3; on {threads + 1} thread(s) where it saved on {threads}, so its losses continue to "
             f"rounding, not to the bit (OMP_NUM_THREADS={threads} resumes it exactly)") in said
+
+
+def test_a_resume_takes_the_runs_own_kernels_whatever_the_cache_holds_then(
+        tmp_path, tiny_config, monkeypatch, fresh_attention_timings, compare_runs):
+    """bf16 attention is two matmuls or SDPA, whichever the machine's kernel cache says is faster, and
+    the two round differently. A run killed, then resumed after its cache was altered (each choice
+    flipped) and after it was deleted, trains the uninterrupted run's losses to the bit: each
+    checkpoint records the choices its run took, and a resume takes them before it computes."""
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("NANOATTN_CACHE", str(cache))
+    choices = cache / kernels.KERNEL_CHOICES
+
+    def as_a_new_process():
+        monkeypatch.setattr(kernels, "_kernel_choices", {})
+        kernels.bf16_attention_timing.cache_clear()
+
+    def config(out_dir, **more):
+        return tiny_config(out_dir, dtype="bfloat16", ckpt_interval=100, **more)
+
+    as_a_new_process()
+    reference = train(config(tmp_path / "reference"))
+    taken = json.loads(choices.read_text())
+    recorded = load_trainer_state(reference)["kernel_choices"]
+    assert recorded == {f"{machine} {key}": name for machine, keys in taken.items()
+                        for key, name in keys.items()}
+    other = {"bf16 matmuls": "sdpa", "sdpa": "bf16 matmuls"}
+    flipped = {machine: {key: other[name] for key, name in keys.items()} for machine, keys in taken.items()}
+    choices.write_text(json.dumps(flipped))
+    as_a_new_process()
+    with pytest.raises(AssertionError):  # the other kernels train other losses: the test can tell
+        compare_runs(train(config(tmp_path / "other")), reference, 0)
+    # Killed at update 5 and resumed with the flipped cache, killed at update 9 and resumed without one.
+    choices.write_text(json.dumps(taken))
+    for update, resume, change_cache in ((5, False, lambda: choices.write_text(json.dumps(flipped))),
+                                         (4, True, choices.unlink)):
+        as_a_new_process()
+        with pytest.MonkeyPatch.context() as patch:
+            _inject(patch, update, sigterm_once())
+            train(config(tmp_path / "run", resume=resume))
+        change_cache()
+    as_a_new_process()
+    train(config(tmp_path / "run", resume=True))
+    compare_runs(tmp_path / "run", reference, 0)
+    assert not choices.exists()  # nothing was measured again
 
 
 def test_a_task_run_at_random_positions_still_checks_its_task_at_1x(tmp_path, tiny_config):
