@@ -261,7 +261,7 @@ def test_a_model_too_large_for_memory_is_refused_before_allocating(tmp_path):
     code = ("import json, pathlib, resource, time\n"
             "import nanoattn.runtime\n"
             "from nanoattn import load_checkpoint\n"
-            "nanoattn.runtime.memory_bytes = lambda device: 16 * 2**30\n"
+            "nanoattn.runtime.device.memory_bytes = lambda device: 16 * 2**30\n"
             f"file = pathlib.Path({str(path / 'config.json')!r})\n"
             f"meta = json.loads({json.dumps(json.dumps(meta))})\n"
             # [1e9, 32] float32 embeddings would be 128 GB; 1e8 layers 2.7 TB, and as modules far more.

@@ -340,7 +340,7 @@ def test_a_model_too_large_for_memory_in_config_json_is_refused_before_allocatin
     folder = export_hf(model(**LLAMA), tmp_path / "hf")
     config = json.loads((folder / "config.json").read_text())
     code = ("import json, pathlib, resource\nimport nanoattn.runtime\nfrom nanoattn.hf import import_hf\n"
-            "nanoattn.runtime.memory_bytes = lambda device: 16 * 2**30\n"
+            "nanoattn.runtime.device.memory_bytes = lambda device: 16 * 2**30\n"
             f"file = pathlib.Path({str(folder / 'config.json')!r})\n"
             f"config = json.loads({json.dumps(json.dumps(config))})\n"
             "for key, value in (('vocab_size', 1_000_000_000), ('num_hidden_layers', 100_000_000)):\n"

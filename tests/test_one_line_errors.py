@@ -3,7 +3,7 @@ line, and checks the memory a small value implies before anything is allocated.
 
 The scripts run in this process (``run_script``: their ``main`` with ``sys.argv`` set, exactly as
 from a shell), so a traceback fails the test as the exception it is, and the machine's memory is
-set by the test (``runtime.memory_bytes``), so a refusal does not depend on where it runs.
+set by the test (``runtime.device.memory_bytes``), so a refusal does not depend on where it runs.
 """
 
 from __future__ import annotations
@@ -183,10 +183,10 @@ MEMORY = [  # (script, overrides, the refusal), on a machine of 4 GiB
                          ids=[f"{s}-{'-'.join(o)[-40:]}" for s, o, _ in MEMORY])
 def test_what_a_small_value_implies_is_checked_before_allocating(runs, tmp_path, monkeypatch, script,
                                                                   overrides, refusal):
-    monkeypatch.setattr(runtime, "memory_bytes", lambda device: 4 * GiB)
+    monkeypatch.setattr(runtime.device, "memory_bytes", lambda device: 4 * GiB)
     if script == "analyze_heads" and "map_len" in overrides[1]:
         # The maps are of the tokens drawn: this run's held-out split, 500-odd of them, at 1 MiB of memory.
-        monkeypatch.setattr(runtime, "memory_bytes", lambda device: 2**20)
+        monkeypatch.setattr(runtime.device, "memory_bytes", lambda device: 2**20)
     monkeypatch.chdir(tmp_path)
     args = [arg.format(**runs) for arg in overrides]
     extra = {"train": [f"out_dir={tmp_path / 'run'}", "logger=none"], "task_lab": [f"runs_root={tmp_path}"],

@@ -19,9 +19,9 @@ from nanoattn import runtime
 def test_auto_dtype_follows_the_cpu_flags(monkeypatch):
     cpu = torch.device("cpu")
     for fast in ({"avx2", "amx_bf16", "amx_tile"}, {"avx512f", "avx512_bf16"}):
-        monkeypatch.setattr(runtime, "cpu_flags", lambda fast=fast: fast)
+        monkeypatch.setattr(runtime.device, "cpu_flags", lambda fast=fast: fast)
         assert runtime.autocast_dtype("auto", cpu)[0] is torch.bfloat16
-    monkeypatch.setattr(runtime, "cpu_flags", lambda: {"avx2", "avx512f", "avx512bw"})
+    monkeypatch.setattr(runtime.device, "cpu_flags", lambda: {"avx2", "avx512f", "avx512bw"})
     assert runtime.autocast_dtype("auto", cpu)[0] is None
     assert runtime.autocast_dtype("bfloat16", cpu)[0] is torch.bfloat16
     assert runtime.autocast_dtype("float16", cpu)[0] is torch.float16
@@ -43,7 +43,7 @@ def test_compile_auto_compiles_only_where_a_compiler_is_and_true_without_one_is_
         runtime.compile_choice(True, cpu, "train.compile")
     assert runtime.compile_choice(False, cpu) == (False, "eager (train.compile=false)")
     monkeypatch.setenv("CXX", sys.executable)
-    monkeypatch.setattr(runtime.sysconfig, "get_path", lambda name: "/no/such/include")
+    monkeypatch.setattr(runtime.compilation.sysconfig, "get_path", lambda name: "/no/such/include")
     assert runtime.compile_choice("auto", cpu) == (
         False, "eager (auto: no Python headers (/no/such/include/Python.h) for Inductor's C++ kernels)")
     for bad in ("yes", 1, None):
@@ -175,8 +175,8 @@ def test_keep_freed_memory_leaves_another_c_library_alone(monkeypatch):
     def no_library(name):
         raise AssertionError(f"loaded {name} where the C library is not glibc")
 
-    monkeypatch.setattr(runtime.platform, "libc_ver", lambda: ("musl", "1.2"))
-    monkeypatch.setattr(runtime.ctypes, "CDLL", no_library)
+    monkeypatch.setattr(runtime.process.platform, "libc_ver", lambda: ("musl", "1.2"))
+    monkeypatch.setattr(runtime.process.ctypes, "CDLL", no_library)
     assert runtime.keep_freed_memory() is False
 
 

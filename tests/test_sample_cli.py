@@ -216,7 +216,7 @@ def test_padding_ids_past_the_tokenizer_are_never_sampled(tmp_path):
 
 
 def test_a_huge_batch_or_length_is_refused_before_allocating(runs, monkeypatch):
-    monkeypatch.setattr(runtime, "memory_bytes", lambda device: 2**30)  # a machine with 1 GiB
+    monkeypatch.setattr(runtime.device, "memory_bytes", lambda device: 2**30)  # a machine with 1 GiB
     with pytest.raises(ValueError, match=r"^the token buffer for 1000 sequence\(s\) x 200000001 tokens needs "
                                          r"1,490\.1 GiB, more than the 1\.0 GiB of cpu; ask for fewer"):
         in_process(runs, max_new_tokens=200_000_000, num_samples=1000)

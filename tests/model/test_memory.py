@@ -36,7 +36,7 @@ def test_the_weights_lower_bound_holds_for_every_variant_and_encoding(fields):
 
 
 def test_a_config_of_1e8_layers_is_checked_and_refused_without_building_a_block(monkeypatch):
-    monkeypatch.setattr(runtime, "memory_bytes", lambda device: 16 * 2**30)
+    monkeypatch.setattr(runtime.device, "memory_bytes", lambda device: 16 * 2**30)
     began = time.perf_counter()
     cfg = config(n_layer=100_000_000, pos=["rope", "nope"], sliding_window=[16, None])  # validation: cheap
     refusal = (r"^model\.n_layer=100000000 is invalid: a model of n_layer=100,000,000, d_model=32, "
@@ -52,7 +52,7 @@ def test_the_exact_count_refuses_what_the_bound_lets_through(monkeypatch):
     cfg = config(value_embeds=2)  # two extra token tables the bound does not count
     with torch.device("meta"):
         exact = GPT(cfg).num_params()
-    monkeypatch.setattr(runtime, "memory_bytes", lambda device: 4 * (weights_at_least(cfg) + exact) // 2)
+    monkeypatch.setattr(runtime.device, "memory_bytes", lambda device: 4 * (weights_at_least(cfg) + exact) // 2)
     with pytest.raises(ValueError, match=rf"a model of .* \({exact:,} parameters\) needs [\d.]+ GiB"):
         meta_model(cfg)
 
@@ -73,7 +73,7 @@ def test_activation_bytes_is_below_what_a_forward_pass_holds():
 
 
 def test_a_forward_pass_that_cannot_fit_names_its_key(monkeypatch):
-    monkeypatch.setattr(runtime, "memory_bytes", lambda device: 2**30)
+    monkeypatch.setattr(runtime.device, "memory_bytes", lambda device: 2**30)
     cfg = config()
     check_forward_fits(cfg, 8, 1024, torch.device("cpu"), ("eval_length", "lengths", [1024]))
     refusal = (r"^eval_length\.lengths=\[10000000\] is invalid: a forward pass over 8 x 10,000,000 tokens "
