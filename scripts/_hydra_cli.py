@@ -37,7 +37,7 @@ import itertools
 import os
 import sys
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -56,10 +56,12 @@ from omegaconf.errors import (
     OmegaConfBaseException,
 )
 
-from nanoattn.config import PRESETS
+from nanoattn.config import PRESETS, RunConfig
 from nanoattn.config.options import ATTENTION_VARIANTS, RECIPES, check_recipe_choice, encoding_options
 from nanoattn.runtime import check_output, keep_freed_memory
 from nanoattn.tasks import TASKS
+from nanoattn.train.run_data import resolved_run_config
+from nanoattn.train.run_dir import Trainer
 from nanoattn.validation import declared_defaults, from_dict
 
 # Absolute: hydra.main resolves a relative path against the module that calls it, which is this one.
@@ -238,9 +240,29 @@ def check_choices(hydra_cfg: DictConfig) -> None:
 TRAINER = (sys.executable, str(Path(__file__).resolve().with_name("train.py")))
 
 
+def training_config(overrides: Sequence[str]) -> dict[str, Any]:
+    """What ``TRAINER`` with ``overrides`` trains: its run config as the run's config.yaml holds it
+    (``nanoattn.train.run_data.resolved_run_config``), composed here as train.py composes it."""
+    register_schema("train_schema", declared_defaults(RunConfig))
+    register_options()
+    given = ["+" + o if o.startswith(OPEN_MAPPINGS) else o for o in overrides]
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=CONFIG_PATH, version_base="1.3"):
+            cfg = compose(config_name="train", overrides=given, return_hydra_config=True)
+            HydraConfig.instance().set_config(cfg)  # for the ${hydra:...} of an experiment's keys
+            check_choices(cfg.hydra)
+            with open_dict(cfg):
+                del cfg["hydra"]
+            values = to_values(cfg)
+    finally:
+        GlobalHydra.instance().clear()
+    return resolved_run_config(values).to_dict()
+
+
 def lab_command(name: str, schema: type, run: Callable[..., Any]) -> Callable[[], None]:
-    """``command`` for a lab: ``run(config, trainer=TRAINER)``."""
-    return command(name, schema, lambda cfg: run(cfg, trainer=TRAINER))
+    """``command`` for a lab: ``run(config, trainer=Trainer(TRAINER, training_config))``."""
+    return command(name, schema, lambda cfg: run(cfg, trainer=Trainer(TRAINER, training_config)))
 
 
 class Sweep:

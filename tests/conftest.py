@@ -13,7 +13,9 @@ at the end. Each session therefore starts cold, as on CI's fresh machine.
 
 import os
 import shutil
+import sys
 import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -57,3 +59,15 @@ def fresh_attention_timings():
     kernels.bf16_attention_timing.cache_clear()
     yield
     kernels.bf16_attention_timing.cache_clear()
+
+
+@pytest.fixture(scope="session")
+def trainer():
+    """How a lab trains, as the lab scripts give it: scripts/train.py, and what it resolves to."""
+    scripts = Path(__file__).resolve().parents[1] / "scripts"
+    sys.path.insert(0, str(scripts))
+    from _hydra_cli import TRAINER, training_config  # scripts/ is not a package
+
+    from nanoattn.commands.labs import Trainer
+
+    return Trainer(TRAINER, training_config)

@@ -238,8 +238,10 @@ def render_page(page: Mapping[str, Any]) -> str:
 
 
 def check_page_output(folder: str | Path, name: str, key: str = "out") -> Path:
-    """``<folder>/<name>.json``, checked (``check_output``): new, or an earlier page of that name,
-    and its markdown and figure beside it only then."""
+    """``<folder>/<name>.json``, checked (``check_output``): ``folder`` a folder (never a file, nor a
+    repository's root), the page new or an earlier page of that name, and its markdown and figure
+    beside it only then."""
+    check_output(folder, key, what=f"a results page ({name})", folder=True)
     file = Path(folder) / f"{name}.json"
 
     def ours(path: Path) -> bool:
@@ -255,7 +257,7 @@ def write_page(folder: str | Path, page: Mapping[str, Any], figure: Callable[[Pa
     markdown's path. ``key`` names the folder's option in a refusal (``check_page_output``)."""
     folder = Path(folder)
     name = page["page"]
-    with exclusive_lock(folder, f"the results folder {folder}", wait=True):
+    with exclusive_lock(folder, f"the results folder {folder}", wait=True, reentrant=True):
         check_page_output(folder, name, key)
         if figure is not None:
             figure(folder / f"{name}.png")

@@ -14,7 +14,8 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from nanoattn.checkpoint import resolve_checkpoint
 from nanoattn.config import RunConfig
@@ -22,6 +23,7 @@ from nanoattn.data import TaskData, TokenData, digit_ids, load_tokenizer, open_p
 from nanoattn.data.random_positions import RandomPositions
 from nanoattn.eval.passkey import PasskeyMix
 from nanoattn.train import distributed
+from nanoattn.train.run_dir import resolve_init_from
 
 Batches = TokenData | TaskData | RandomPositions  # anything with train_batch and val_batches
 
@@ -52,6 +54,15 @@ def training_data(cfg: RunConfig, dist: distributed.Dist,
     if cfg.train.random_positions is not None:  # Ruoss et al.: each training row at random ordered positions
         data = RandomPositions(data, cfg.train.random_positions)
     return data, task, seq_len
+
+
+def resolved_run_config(values: Mapping[str, Any]) -> RunConfig:
+    """The run config a run of ``values`` trains and records in its config.yaml (``out_dir`` as given):
+    ``train.init_from``'s model, and the vocabulary and Abacus digits of its data's tokenizer,
+    preparing the data if it is not yet."""
+    cfg = resolve_init_from(values)
+    fit_vocab(cfg, open_prepared(cfg.data), lambda line: None)
+    return cfg
 
 
 def fit_vocab(cfg: RunConfig, data: TokenData, say: Callable[[str], None]) -> None:

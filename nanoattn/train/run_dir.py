@@ -20,9 +20,9 @@ import contextlib
 import copy
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from nanoattn.checkpoint import (
     CHECKPOINTS,
@@ -67,21 +67,39 @@ def _same(a: Any, b: Any) -> bool:
     return a == b or (numbers and math.isclose(a, b, rel_tol=1e-9))
 
 
-def check_same_run(saved: dict[str, Any], current: dict[str, Any], where: Path) -> None:
-    """Raise a one-line ValueError naming the keys where ``current`` differs from the run in ``where``.
+def differing_keys(saved: Mapping[str, Any], current: Mapping[str, Any],
+                   may_differ: Sequence[str]) -> list[str]:
+    """The keys (``section.key``, sorted) where the run config ``current`` differs from ``saved``, but
+    for ``may_differ`` (a key, or a prefix ending in "."), each shown as ``key=<saved> there, <current>
+    now``.
 
     A key ``saved`` lacks is a field added after that run started; a new field's declared default
-    is the behaviour from before it existed, so the run had that value and resumes under it.
+    is the behaviour from before it existed, so the run had that value.
     """
-    old, new = {**_flatten(declared_defaults(RunConfig)), **_flatten(saved)}, _flatten(current)
-    differ = [k for k in sorted(set(old) | set(new))
-              if not any(k == m or (m.endswith(".") and k.startswith(m)) for m in RESUME_MAY_CHANGE)
-              and not _same(old.get(k), new.get(k))]
+    old, new = {**_flatten(declared_defaults(RunConfig)), **_flatten(dict(saved))}, _flatten(dict(current))
+    return [f"{k}={old.get(k)!r} there, {new.get(k)!r} now" for k in sorted(set(old) | set(new))
+            if not any(k == m or (m.endswith(".") and k.startswith(m)) for m in may_differ)
+            and not _same(old.get(k), new.get(k))]
+
+
+class Trainer(NamedTuple):
+    """How a lab (or any driver of runs) trains: the training command it starts once per run
+    (``python scripts/train.py``), and what that command resolves to for a list of overrides: the run
+    config (a dict) its run's config.yaml holds, out_dir aside. ``differing_keys`` of the two tells
+    whether a run directory holds the run that command trains."""
+
+    command: Sequence[str]
+    resolve: Callable[[Sequence[str]], dict[str, Any]]
+
+
+def check_same_run(saved: dict[str, Any], current: dict[str, Any], where: Path) -> None:
+    """Raise a one-line ValueError naming the keys where ``current`` differs from the run in ``where``
+    (``differing_keys``: only ``RESUME_MAY_CHANGE`` may)."""
+    differ = differing_keys(saved, current, RESUME_MAY_CHANGE)
     if differ:
-        shown = "; ".join(f"{k}={old.get(k)!r} there, {new.get(k)!r} now" for k in differ[:4])
         more = f"; +{len(differ) - 4} more" if len(differ) > 4 else ""
         allowed = ", ".join(k + "*" if k.endswith(".") else k for k in RESUME_MAY_CHANGE)
-        raise ValueError(f"out_dir {str(where)!r} holds a different run: {shown}{more} "
+        raise ValueError(f"out_dir {str(where)!r} holds a different run: {'; '.join(differ[:4])}{more} "
                          f"(only these may change on resume: {allowed})")
 
 

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from nanoattn import GPT, ModelConfig
 from nanoattn.checkpoint import save_checkpoint
@@ -18,37 +21,54 @@ from nanoattn.commands.labs import (
     LABS,
     ArithmeticLabConfig,
     AttentionLabConfig,
+    Lab,
     LabConfig,
     Row,
     TaskLabConfig,
     is_finished,
+    lab_jobs,
     run_lab,
     task_lab,
 )
 from nanoattn.config.options import ATTENTION_VARIANTS, encoding_options
-from nanoattn.data import TokenData
 from nanoattn.eval.tasks import size_bins
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def save_run(run: Path, data_dir: Path, *, seed: int, step: int = 100, last: int = 100,
-             stop_at_accuracy: float | None = None, measured: dict | None = None, **fields) -> Path:
-    """A run directory as training leaves it: a checkpoint at ``step`` of ``last`` (with what was
-    ``measured`` on it), config, metrics."""
-    torch.manual_seed(seed)
-    shape = dict(vocab_size=TokenData(data_dir).vocab_size, d_model=32, n_layer=2, n_head=4, n_kv_head=2,
-                 d_ff=64, max_seq_len=16)
-    model = GPT(ModelConfig(**{**shape, **fields})).eval()
+def tiny_runs(prepared: Path) -> list[str]:
+    """Training overrides over any lab's experiment: a tiny model on the prepared corpus."""
+    docs = prepared.parents[1] / "docs"
+    return ["model.d_model=32", "model.n_layer=2", "model.n_head=4", "model.n_kv_head=2", "model.d_ff=64",
+            "model.max_seq_len=16", "data=text", f"data.name={prepared.name}", f"data.root={prepared.parent}",
+            f"data.paths=[{docs}]", "data.tokenizer.type=byte", "train.max_steps=100"]
+
+
+def save_run(run: Path, trainer, overrides, *, step: int | None = None, measured: dict | None = None) -> Path:
+    """A run directory as training leaves it: the config its command's ``overrides`` train, a
+    checkpoint of that model at ``step`` (default: the last, as a finished run), metrics."""
+    config = {**trainer.resolve(overrides), "out_dir": str(run)}
+    torch.manual_seed(config["train"]["seed"])
+    model = GPT(ModelConfig.from_dict(config["model"])).eval()
+    step = config["train"]["max_steps"] if step is None else step
+    data = Path(config["data"]["root"]) / config["data"]["name"]
     save_checkpoint(run / "checkpoints", f"{step:06d}", model, train_seq_len=16, step=step,
-                    tokenizer_file=data_dir / "tokenizer.json", measured=measured)
-    (run / "config.yaml").write_text(f"data:\n  root: {data_dir.parent}\n  name: {data_dir.name}\n"
-                                     f"train:\n  max_steps: {last}\n"
-                                     f"  stop_at_accuracy: {json.dumps(stop_at_accuracy)}\n")
+                    tokenizer_file=data / "tokenizer.json", measured=measured)
+    (run / "config.yaml").write_text(yaml.safe_dump(config))
+    seed = config["train"]["seed"]
     records = [{"step": 10, "tokens": 1000, "tok_per_s": 1000.0 + seed},
                {"step": 20, "tokens": 2000, "tok_per_s": 3000.0, "max_attn_logit": 7.5}]
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     return run
+
+
+def save_lab_runs(lab: Lab, cfg, trainer, steps: dict[Path, int] | None = None) -> dict[Path, list[str]]:
+    """Every run ``lab`` trains under ``cfg``, saved by ``save_run`` (at ``steps[run]`` where given);
+    returns the runs with their overrides."""
+    jobs = lab_jobs(lab, cfg, lab.rows(cfg), Path(cfg.runs_root))
+    for run, overrides in jobs.items():
+        save_run(run, trainer, overrides, step=(steps or {}).get(run))
+    return jobs
 
 
 ROWS = [Row("rope", "rope", ("pos=rope",)), Row("alibi", "alibi", ("pos=alibi",)),
@@ -95,17 +115,18 @@ def test_the_arithmetic_page_names_its_best_rows_reach_and_says_what_did_not_rep
                              "past 2D)."]
 
 
-def test_a_lab_publishes_every_seed_with_intervals_and_never_an_unfinished_run(prepared, tmp_path, capsys):
+def test_a_lab_publishes_every_seed_with_intervals_and_never_an_unfinished_run(prepared, tmp_path, capsys,
+                                                                              trainer):
     lab = dataclasses.replace(LABS["extrapolation"], rows=lambda cfg: ROWS)
     runs = tmp_path / "runs"
-    cfg = LabConfig(runs_root=str(runs), seeds=[0, 1], max_tokens=256)
-    save_run(runs / "rope" / "seed0", prepared, seed=0)
-    save_run(runs / "rope" / "seed1", prepared, seed=1)
-    save_run(runs / "alibi" / "seed0", prepared, seed=0, pos="alibi")
+    cfg = LabConfig(runs_root=str(runs), seeds=[0, 1], max_tokens=256, train_overrides=tiny_runs(prepared))
+    jobs = lab_jobs(lab, cfg, ROWS, runs)
+    for run in (runs / "rope" / "seed0", runs / "rope" / "seed1", runs / "alibi" / "seed0"):
+        save_run(run, trainer, jobs[run])
     with pytest.raises(ValueError, match=r"^no run directory .*alibi/seed1 \(and 0 more\); run the lab with"):
-        run_lab(lab, cfg, trainer=())
-    save_run(runs / "alibi" / "seed1", prepared, seed=1, step=40, pos="alibi")  # stopped at step 40 of 100
-    page = run_lab(lab, cfg, trainer=())
+        run_lab(lab, cfg, trainer)
+    save_run(runs / "alibi" / "seed1", trainer, jobs[runs / "alibi" / "seed1"], step=40)  # 40 of 100 steps
+    page = run_lab(lab, cfg, trainer)
     rows = {row["label"]: row for row in page["rows"]}
     rope = rows["rope"]
     assert page["seeds"] == [0, 1] and rope["status"] is None
@@ -133,31 +154,35 @@ def test_a_lab_publishes_every_seed_with_intervals_and_never_an_unfinished_run(p
     assert "lab done in" in capsys.readouterr().out
 
 
-def test_the_attention_lab_prices_each_variant(prepared, tmp_path):
-    names = ("plain", "mla", "sinks")
-    lab = dataclasses.replace(LABS["attention"], rows=lambda cfg: [Row(name, name) for name in names])
+def test_the_attention_lab_prices_each_variant(prepared, tmp_path, trainer):
+    rows = [Row("plain", "plain", ("attention=plain",)), Row("sinks", "sinks", ("attention=sinks",)),
+            Row("mla", "mla", ("attention=mla", "model.mla_kv_rank=8", "model.mla_rope_dim=4"))]
+    lab = dataclasses.replace(LABS["attention"], rows=lambda cfg: rows)
     runs = tmp_path / "runs"
-    save_run(runs / "plain" / "seed0", prepared, seed=0)
-    save_run(runs / "mla" / "seed0", prepared, seed=0, mla_kv_rank=8, mla_rope_dim=4, n_kv_head=4)
-    save_run(runs / "sinks" / "seed0", prepared, seed=0, attn_sinks=True)
     published = tmp_path / "published"  # out= puts the page elsewhere than beside the runs
-    cfg = AttentionLabConfig(runs_root=str(runs), seeds=[0], max_tokens=256, out=str(published))
-    page = run_lab(lab, cfg, trainer=())
+    mha = [o for o in tiny_runs(prepared) if not o.startswith("model.n_kv_head=")]  # latent attention's
+    cfg = AttentionLabConfig(runs_root=str(runs), seeds=[0], max_tokens=256, out=str(published),
+                             train_overrides=mha)
+    save_lab_runs(lab, cfg, trainer)
+    page = run_lab(lab, cfg, trainer)
     assert (published / "attention.md").is_file() and not (runs / "attention.md").exists()
     rows = {row["label"]: row["values"] for row in page["rows"]}
-    # float32 per token, both layers: 2 x (K + V) x 2 K/V heads x 8 dims x 4 bytes = 256; the latent:
+    # float32 per token, both layers: 2 x (K + V) x 4 K/V heads x 8 dims x 4 bytes = 512; the latent:
     # 2 layers x (rank 8 + rope dim 4) x 4 bytes = 96.
-    assert rows["plain"]["KV bytes/token"] == [256] and rows["mla"]["KV bytes/token"] == [96]
+    assert rows["plain"]["KV bytes/token"] == [512] and rows["mla"]["KV bytes/token"] == [96]
     assert rows["plain"]["max logit"] == [7.5]
     # A variant's own statistic, here the mass the sinks take; the plain block has none.
     assert "own stat" not in rows["plain"] and 0 < rows["sinks"]["own stat"][0] < 1
 
 
-def test_a_lab_with_its_defaults_writes_only_under_the_ignored_runs_folder(prepared, tmp_path, monkeypatch):
-    lab = dataclasses.replace(LABS["attention"], rows=lambda cfg: [Row("plain", "plain")])
+def test_a_lab_with_its_defaults_writes_only_under_the_ignored_runs_folder(prepared, tmp_path, monkeypatch,
+                                                                          trainer):
+    plain = Row("plain", "plain", ("attention=plain",))
+    lab = dataclasses.replace(LABS["attention"], rows=lambda cfg: [plain])
     monkeypatch.chdir(tmp_path)  # runs/ is relative to where the lab runs, as in a checkout's root
-    save_run(tmp_path / "runs" / "attention" / "plain" / "seed0", prepared, seed=0)
-    run_lab(lab, AttentionLabConfig(seeds=[0], max_tokens=256), trainer=())
+    cfg = AttentionLabConfig(seeds=[0], max_tokens=256, train_overrides=tiny_runs(prepared))
+    save_lab_runs(lab, dataclasses.replace(cfg, runs_root="runs/attention"), trainer)
+    run_lab(lab, cfg, trainer)
     written = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file()
                      and not str(p.relative_to(tmp_path)).startswith("runs/attention/plain/"))
     assert written == [f"runs/attention/attention.{ext}" for ext in ("json", "md", "png")]
@@ -166,28 +191,57 @@ def test_a_lab_with_its_defaults_writes_only_under_the_ignored_runs_folder(prepa
     assert ignored.returncode == 0 and ignored.stdout.split() == written
 
 
-def test_a_run_stopped_at_its_accuracy_is_finished_and_one_cut_short_at_that_step_is_not(prepared, tmp_path):
+def test_a_run_stopped_at_its_accuracy_is_finished_and_one_cut_short_at_that_step_is_not(prepared, tmp_path,
+                                                                                         trainer):
+    task = ["experiment=tasks", "task=copy", "pos=nope", *tiny_runs(prepared)]
+
     def run(name, target, **measured):
-        return save_run(tmp_path / name, prepared, seed=0, step=40, last=100, stop_at_accuracy=target,
+        return save_run(tmp_path / name, trainer, [*task, f"train.stop_at_accuracy={target}"], step=40,
                         measured=measured)
 
     assert is_finished(run("reached", 0.95, exact_1x=0.97))
     assert not is_finished(run("killed", 0.95))  # stopped by a signal between evaluations
     assert not is_finished(run("below", 0.95, exact_1x=0.9))  # an evaluation, then a kill
     assert not is_finished(run("raised", 0.99, exact_1x=0.97))  # resumed with a higher target
-    assert not is_finished(run("no_target", None, exact_1x=0.97))
-    assert is_finished(save_run(tmp_path / "budget", prepared, seed=0, step=100, last=100))
+    assert not is_finished(run("no_target", "null", exact_1x=0.97))
+    assert is_finished(save_run(tmp_path / "budget", trainer, task))
 
 
-def test_the_budget_calibration_gives_each_rows_steps_and_the_budget_from_the_slowest(prepared, tmp_path):
+def test_a_lab_never_uses_a_run_of_other_settings_nor_mixes_them_in_a_row(prepared, tmp_path, trainer):
+    """A run counts only as its command's run: the same lab at other settings (here the model's width
+    and the steps) refuses the runs, naming a key, rather than publishing their values under its own
+    command; and a row's seeds must agree (one seed trained 10 steps, the other the lab's 100)."""
+    lab = dataclasses.replace(LABS["extrapolation"], rows=lambda cfg: ROWS[:1])
     runs = tmp_path / "runs"
+    cfg = LabConfig(runs_root=str(runs), seeds=[0, 1], max_tokens=256, train_overrides=tiny_runs(prepared))
+    save_lab_runs(lab, cfg, trainer)
+    wider = dataclasses.replace(cfg, train_overrides=[*cfg.train_overrides, "model.d_model=64",
+                                                      "train.max_steps=30"])
+    with pytest.raises(ValueError, match=r"^\S*/rope/seed0 holds a run of other settings than this lab's \("
+                                         r"model.d_model=32 there, 64 now; \+1 more\): a lab never uses it"):
+        run_lab(lab, wider, trainer)
+    seed1 = runs / "rope" / "seed1"
+    shutil.rmtree(seed1)
+    save_run(seed1, trainer, [*lab_jobs(lab, cfg, ROWS[:1], runs)[seed1], "train.max_steps=10"])
+    with pytest.raises(ValueError, match=r"/rope/seed1 holds a run of other settings than this lab's "
+                                         r"\(train.max_steps=10 there, 100 now\)"):
+        run_lab(lab, cfg, trainer)
+    assert not (runs / "extrapolation.json").exists()
+
+
+def test_the_budget_calibration_gives_each_rows_steps_and_the_budget_from_the_slowest(prepared, tmp_path,
+                                                                                      trainer):
+    runs = tmp_path / "runs"
+    cfg = TaskLabConfig(calibrate="task_budget", tasks=["copy", "addition"], encodings=["nope", "rope"],
+                        seeds=[0], runs_root=str(runs),
+                        train_overrides=[*tiny_runs(prepared), "train.max_steps=10000"])
+    lab = LABS["task_budget"]
+    jobs = lab_jobs(lab, cfg, lab.rows(cfg), runs)
     for name, step, exact in (("copy/nope", 300, 0.97), ("copy/rope", 200, 0.99),
                               ("addition/nope", 10_000, 0.4), ("addition/rope", 1_800, 0.96)):
-        save_run(runs / name / "seed0", prepared, seed=0, step=step, last=10_000, stop_at_accuracy=0.95,
+        save_run(runs / name / "seed0", trainer, jobs[runs / name / "seed0"], step=step,
                  measured={"exact_1x": exact})
-    cfg = TaskLabConfig(calibrate="task_budget", tasks=["copy", "addition"], encodings=["nope", "rope"],
-                        seeds=[0], runs_root=str(runs))
-    page = task_lab(cfg, trainer=())
+    page = task_lab(cfg, trainer)
     rows = {row["label"]: row for row in page["rows"]}
     assert page["page"] == "task_budget" and rows["copy/rope"]["values"]["steps"] == [200]
     assert rows["addition/nope"]["status"] == "not learned in 10,000 steps (0.40 at 1x)"
@@ -203,3 +257,62 @@ def test_the_addition_calibration_scores_operands_of_exactly_one_two_and_three_d
     assert size_bins(3, DIGIT_FACTORS) == [(1, 1), (2, 2), (3, 3)]
     assert [row.train for row in LABS["addition_calibration"].rows(TaskLabConfig())] == [
         ("task=addition", "pos=learned")]
+
+
+# The lab script, started when both processes are ready, so that they reach their lab at once.
+LAB_TOGETHER = """
+import os, runpy, sys, time
+from pathlib import Path
+meeting, script = Path(sys.argv[1]), sys.argv[2]
+(meeting / f"ready{os.getpid()}").touch()
+deadline = time.monotonic() + 60
+while len(list(meeting.glob("ready*"))) < 2 and time.monotonic() < deadline:
+    time.sleep(0.02)
+sys.argv = [script, *sys.argv[3:]]
+sys.path.insert(0, str(Path(script).parent))  # as running the script puts its folder first
+runpy.run_path(script, run_name="__main__")
+"""
+
+
+def test_two_labs_at_once_in_one_runs_folder_publish_one_complete_page_and_refuse_the_other(
+        prepared, tmp_path, trainer):
+    """rows=[nope] and rows=[abacus] of the arithmetic lab into one runs folder at once: both wrote the
+    page before (it held one row); now one publishes its page whole and the other refuses in one line."""
+    runs, meeting = tmp_path / "runs", tmp_path / "meeting"
+    meeting.mkdir()
+    common = dict(digits=2, factors=[1], per_bin=8, seeds=[0], runs_root=str(runs),
+                  train_overrides=tiny_runs(prepared))
+    save_lab_runs(LABS["arithmetic"], ArithmeticLabConfig(rows=["nope", "abacus"], **common), trainer)
+    arguments = [f"{key}={json.dumps(value)}" for key, value in common.items()]
+    processes = [subprocess.Popen([sys.executable, "-c", LAB_TOGETHER, str(meeting),
+                                   str(REPO / "scripts" / "arithmetic_lab.py"), f"rows=[{row}]", *arguments],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for row in ("nope", "abacus")]
+    outcomes = [(process.wait(timeout=240), process.stderr.read()) for process in processes]
+    (published,) = [row for (code, _), row in zip(outcomes, ("nope", "abacus"), strict=True) if code == 0]
+    (refused,) = [err for code, err in outcomes if code != 0]
+    assert refused.strip().splitlines()[-1].startswith(
+        f"error: the runs folder {runs} (another lab) is in use by process ")
+    page = json.loads((runs / "arithmetic.json").read_text())
+    assert [row["label"] for row in page["rows"]] == [published]
+    assert f"'rows=[{published}]'" in page["command"].split()
+
+
+def test_every_output_is_checked_before_any_work(prepared, tmp_path, trainer):
+    """A page folder that is a file, or the repository's root, is refused before a run trains (it failed
+    after training and evaluation before); so is a passkey lab whose starting run is unfinished."""
+    (tmp_path / "page").write_text("a file")
+    trains_nothing = trainer._replace(command=[sys.executable, "-c", "raise SystemExit('trained')"])
+    for out, refusal in ((tmp_path / "page", f"^extrapolation_lab.out {str(tmp_path / 'page')!r} is a file"),
+                         (REPO, "^extrapolation_lab.out=.* is invalid: it is the root of the repository")):
+        with pytest.raises(ValueError, match=refusal):
+            run_lab(LABS["extrapolation"], LabConfig(out=str(out), train=True,
+                                                     runs_root=str(tmp_path / "runs")), trains_nothing)
+    init_root = tmp_path / "extrapolation"
+    cfg = LabConfig(passkey=True, seeds=[0], train=True, init_root=str(init_root),
+                    runs_root=str(tmp_path / "pk"), train_overrides=tiny_runs(prepared))
+    start = init_root / "sinusoidal" / "seed0"
+    save_run(start, trainer, ["experiment=extrapolation", "pos=sinusoidal", *tiny_runs(prepared)], step=40)
+    with pytest.raises(ValueError, match=f"^extrapolation_lab: {start}, which sinusoidal's seed 0 starts "
+                                         "from, is at step 40 of 100: train the extrapolation lab first"):
+        run_lab(LABS["passkey"], cfg, trains_nothing)

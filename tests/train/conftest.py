@@ -113,12 +113,6 @@ def run_script() -> Callable[..., subprocess.CompletedProcess]:
     return run
 
 
-@pytest.fixture
-def trainer() -> tuple[str, str]:
-    """The training command a lab runs per run, as the lab scripts give it."""
-    return (sys.executable, str(SCRIPT))
-
-
 # Every metrics.jsonl value that must be identical between two runs of the same trajectory
 # (tok_per_s is a timing, so it is left out).
 COMPARED = ("step", "train_loss", "lr", "tokens", "grad_norm", "val_loss", "val_bpb")

@@ -6,12 +6,15 @@ import json
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import yaml
 
 from nanoattn.commands.labs import LABS, ArithmeticLabConfig, TaskLabConfig, is_finished, run_lab, train_runs
 from nanoattn.logging import read_metrics
+
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 
 
 def lab_overrides(tiny_config, as_overrides, tmp_path, *drop: str, **train) -> list[str]:
@@ -25,20 +28,20 @@ def test_the_lab_trains_its_runs_side_by_side_resumes_them_and_names_a_failure(t
     # The experiment's 4 layers stay: iRoPE's layout has 4 entries.
     overrides = lab_overrides(tiny_config, as_overrides, tmp_path, "model.n_layer=", max_steps=2)
     runs = tmp_path / "runs"
-    jobs = {runs / "rope" / "seed0": ["pos=rope", "train.seed=0"],
-            runs / "irope" / "seed1": ["pos=irope", "train.seed=1"]}
-    train_runs(trainer, "extrapolation", jobs, 2, overrides)
+    jobs = {runs / "rope" / "seed0": ["experiment=extrapolation", "pos=rope", "train.seed=0", *overrides],
+            runs / "irope" / "seed1": ["experiment=extrapolation", "pos=irope", "train.seed=1", *overrides]}
+    train_runs(trainer.command, jobs, 2)
     for run in jobs:
         assert [r["step"] for r in read_metrics(run / "metrics.jsonl")][-1] == 2 and is_finished(run)
     assert (runs / "irope" / "seed1" / "config.yaml").read_text().count("nope") == 1  # irope's layout
     first = (runs / "rope" / "seed0" / "metrics.jsonl").read_text()
     log = (runs / "rope" / "seed0.log").read_text()
     # Finished: not started again.
-    train_runs(trainer, "extrapolation", jobs, 1, overrides)
+    train_runs(trainer.command, jobs, 1)
     assert (runs / "rope" / "seed0" / "metrics.jsonl").read_text() == first
     assert (runs / "rope" / "seed0.log").read_text() == log
     with pytest.raises(ValueError, match=r"training did not finish .*bogus/seed0: see <run>\.log beside"):
-        train_runs(trainer, "extrapolation", {runs / "bogus" / "seed0": ["pos=bogus"]}, 1, overrides)
+        train_runs(trainer.command, {runs / "bogus" / "seed0": ["experiment=extrapolation", "pos=bogus"]}, 1)
     assert "seed0: trained in" in capsys.readouterr().out
 
 
@@ -102,8 +105,10 @@ def test_a_lab_interrupted_then_rerun_publishes_the_table_of_an_uninterrupted_on
                              train_overrides=overrides)
 
     run = tmp_path / "stopped" / "copy" / "rope" / "seed0"
-    script = ("from nanoattn.commands.labs import LABS, TaskLabConfig, run_lab; "
-              f"run_lab(LABS['tasks'], {config('stopped')!r}, {list(trainer)!r})")
+    script = (f"import sys; sys.path.insert(0, {str(SCRIPTS)!r}); "
+              "from _hydra_cli import TRAINER, training_config; "
+              "from nanoattn.commands.labs import LABS, TaskLabConfig, Trainer, run_lab; "
+              f"run_lab(LABS['tasks'], {config('stopped')!r}, Trainer(TRAINER, training_config))")
     lab = subprocess.Popen([sys.executable, "-c", script])
     deadline = time.monotonic() + 120
     while not (run / "metrics.jsonl").is_file() or not (run / "metrics.jsonl").read_text():

@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -25,7 +24,9 @@ from nanoattn.commands.labs.driver import (
     LabRunsConfig,
     Report,
     Row,
+    Trainer,
     is_finished,
+    lab_jobs,
     largest_attention_logit,
     run_dir,
     run_lab,
@@ -164,7 +165,7 @@ LABS: dict[str, Lab] = {lab.name: lab for lab in (
         lambda cfg: [Row(name, name, (f"pos={name}",)) for name in encoding_options()],
         passkey_report, passkey_cells, plot_passkey,
         train_extra=lambda cfg, row, seed: [
-            f"train.init_from={run_dir(Path(cfg.init_root), row.run, seed)}"]),
+            f"train.init_from={run_dir(Path(cfg.init_root), row.run, seed)}"], starts_from="extrapolation"),
     Lab("attention", "Attention variants: perplexity, price and logits",
         "Each row is the extrapolation experiment's model with RoPE and one attention variant "
         "(`nanoattn.config.options.ATTENTION_VARIANTS`, `configs/experiment/attention.yaml`), evaluated in "
@@ -205,25 +206,25 @@ LABS: dict[str, Lab] = {lab.name: lab for lab in (
 )}
 
 
-def extrapolation_lab(cfg: LabConfig, trainer: Sequence[str]) -> dict[str, Any]:
+def extrapolation_lab(cfg: LabConfig, trainer: Trainer) -> dict[str, Any]:
     """The command: the perplexity lab, or with ``passkey`` the passkey lab."""
     return run_lab(LABS["passkey" if cfg.passkey else "extrapolation"], cfg, trainer)
 
 
-def attention_lab(cfg: AttentionLabConfig, trainer: Sequence[str]) -> dict[str, Any]:
+def attention_lab(cfg: AttentionLabConfig, trainer: Trainer) -> dict[str, Any]:
     return run_lab(LABS["attention"], cfg, trainer)
 
 
-def task_lab(cfg: TaskLabConfig, trainer: Sequence[str]) -> dict[str, Any]:
+def task_lab(cfg: TaskLabConfig, trainer: Trainer) -> dict[str, Any]:
     """The command: the task lab, or with ``calibrate`` one of its calibrations."""
     return run_lab(LABS[cfg.calibrate or "tasks"], cfg, trainer)
 
 
-def arithmetic_lab(cfg: ArithmeticLabConfig, trainer: Sequence[str]) -> dict[str, Any]:
+def arithmetic_lab(cfg: ArithmeticLabConfig, trainer: Trainer) -> dict[str, Any]:
     return run_lab(LABS["arithmetic"], cfg, trainer)
 
 
 __all__ = ["ARITHMETIC_ROWS", "BUDGET_FACTOR", "DIGIT_FACTORS", "LABS", "LEARNED", "TASK_LAB_ENCODINGS",
            "TASK_LAB_TASKS", "ArithmeticLabConfig", "AttentionLabConfig", "Lab", "LabConfig", "LabRunsConfig",
-           "Row", "TaskLabConfig", "arithmetic_lab", "attention_lab", "extrapolation_lab", "is_finished",
-           "run_lab", "task_lab", "train_runs"]
+           "Row", "TaskLabConfig", "Trainer", "arithmetic_lab", "attention_lab", "extrapolation_lab",
+           "is_finished", "lab_jobs", "run_lab", "task_lab", "train_runs"]

@@ -10,14 +10,24 @@ Design choices:
   with 95% intervals, the claims decided by their intervals) to ``<out>/<lab>.{json,md,png}``.
 - Runs land in ``runs/<lab>/`` and the page beside them, so a lab run with its defaults leaves
   the checkout unchanged; ``out=docs/results`` publishes the page.
+- A run is the lab's only if it is the run the lab's command trains: before anything is trained or
+  evaluated, every run directory's ``config.yaml`` is compared key by key with what the training
+  command resolves to for that row and seed (``Trainer.resolve``), and a run of other settings is
+  refused in one line naming the first key that differs (only ``LAB_MAY_DIFFER``, where and how a
+  run is watched, may). So a page never mixes runs of another command, and a row's seeds share every
+  key but the seed.
 - A run is finished when its latest checkpoint is at its configured last step, or when that
   checkpoint ended the run at its accuracy (``train.stop_at_accuracy``: the checkpoint records the
   exact match it reached, which a run cut short at the same step lacks). Training resumes every
   run that is not (so a killed lab continues where it stopped, and adding a seed trains only the
   new runs); a run still unfinished at evaluation is shown as unfinished with its step, never as
-  a result.
+  a result. A lab whose runs start from another lab's (``Lab.starts_from``: passkey from
+  extrapolation) refuses an unfinished starting run.
+- One lab at a time in a runs folder: the lab holds the folder's lock from its first check to its
+  page, and a second lab there is refused in one line, so neither page loses the other's rows.
+  Every output is checked before any work (``check_page_output``).
 - The library never reaches into ``scripts/``: the training command is the lab script's to give
-  (``trainer``), and the lab runs it once per run.
+  (``Trainer``), and the lab runs it once per run.
 """
 
 from __future__ import annotations
@@ -38,8 +48,8 @@ from nanoattn.commands.eval_length import LengthEvalConfig
 from nanoattn.eval.results import Claim, check_page_output, git_state, record, render_page, write_page
 from nanoattn.eval.runs import is_path
 from nanoattn.logging import read_metrics, training_seconds
-from nanoattn.runtime import DTYPES, check_device_name
-from nanoattn.train.run_dir import reached_accuracy
+from nanoattn.runtime import DTYPES, check_device_name, exclusive_lock
+from nanoattn.train.run_dir import Trainer, differing_keys, reached_accuracy
 from nanoattn.validation import check_bool, check_choice, check_positive_int, check_seed, fail
 
 
@@ -118,8 +128,51 @@ class Lab:
     experiment: str | None = None  # the experiment its runs train with; None: its name
 
 
+    # The lab whose runs this lab's start from (``train.init_from``), each row's at the same seed.
+    starts_from: str | None = None
+
+
+# Keys a lab's run may hold other values of: where it is and how it was watched, nothing it computed.
+LAB_MAY_DIFFER = ("out_dir", "train.resume", "train.log_interval", "train.ckpt_interval", "train.keep_last",
+                  "logger.")
+
+
 def run_dir(runs_root: Path, run: str, seed: int) -> Path:
     return runs_root / run / f"seed{seed}"
+
+
+def lab_jobs(lab: Lab, cfg: LabRunsConfig, rows: Sequence[Row], runs_root: Path) -> dict[Path, list[str]]:
+    """Each run the lab trains, with the whole of its training command's overrides."""
+    return {run_dir(runs_root, row.run, seed): [f"experiment={lab.experiment or lab.name}", *row.train,
+                                                f"train.seed={seed}", *lab.train_extra(cfg, row, seed),
+                                                *cfg.train_overrides, "logger=none"]
+            for row in rows if row.train for seed in cfg.seeds}
+
+
+def check_lab_runs(expected: Mapping[Path, Mapping[str, Any]]) -> None:
+    """Refuse, in one line, a run directory that holds a run of other settings than the run config
+    its command trains (``expected``, by run directory)."""
+    for run, config in expected.items():
+        if not (run / "config.yaml").exists():
+            continue
+        differ = differing_keys(read_run_config(run), config, LAB_MAY_DIFFER)
+        if differ:
+            raise ValueError(f"{run} holds a run of other settings than this lab's ({differ[0]}"
+                             f"{f'; +{len(differ) - 1} more' if len(differ) > 1 else ''}): a lab never uses "
+                             "it; delete it, or give the lab another runs_root")
+
+
+def check_starting_runs(lab: Lab, cfg: LabRunsConfig, rows: Sequence[Row]) -> None:
+    """A lab whose runs start from another lab's (``starts_from``, under ``cfg.init_root``): refuse a
+    starting run that is missing or unfinished, before anything trains."""
+    for row in rows:
+        for seed in cfg.seeds:
+            start = run_dir(Path(cfg.init_root), row.run, seed)
+            went = progress(start)
+            if not went.finished:
+                state = "is missing" if went.step is None else f"is at step {went.step} of {went.last}"
+                raise ValueError(f"{cfg.owner}: {start}, which {row.label}'s seed {seed} starts from, "
+                                 f"{state}: train the {lab.starts_from} lab first (its train=true)")
 
 
 class Progress(NamedTuple):
@@ -151,10 +204,9 @@ def is_finished(run: Path) -> bool:
     return progress(run).finished
 
 
-def train_runs(trainer: Sequence[str], experiment: str, jobs: Mapping[Path, Sequence[str]], workers: int,
-               overrides: Sequence[str]) -> None:
-    """Train each run directory of ``jobs`` with ``trainer experiment=<experiment> <its overrides>``,
-    ``workers`` at a time, each on cpu_count // workers threads unless OMP_NUM_THREADS is set.
+def train_runs(command: Sequence[str], jobs: Mapping[Path, Sequence[str]], workers: int) -> None:
+    """Train each run directory of ``jobs`` with ``command <its overrides>``, ``workers`` at a time,
+    each on cpu_count // workers threads unless OMP_NUM_THREADS is set.
 
     Finished runs are skipped and any other run there is resumed. Each run's output goes to
     ``<run>.log``; a failed run is named with its log once the others are done. Interrupting the
@@ -175,11 +227,10 @@ def train_runs(trainer: Sequence[str], experiment: str, jobs: Mapping[Path, Sequ
             while pending and len(running) < workers:
                 run = pending.pop(0)
                 resume = ["train.resume=true"] if (run / "config.yaml").exists() else []
-                command = [*trainer, f"experiment={experiment}", *jobs[run], f"hydra.run.dir={run}",
-                           "logger=none", *resume, *overrides]
+                argv = [*command, *jobs[run], f"hydra.run.dir={run}", *resume]
                 run.parent.mkdir(parents=True, exist_ok=True)
                 log = run.with_name(f"{run.name}.log").open("a")
-                running[run] = (subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env),
+                running[run] = (subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env),
                                 log, time.perf_counter())
             time.sleep(0.5)
             for run, (process, log, began) in list(running.items()):
@@ -217,19 +268,28 @@ def mean_report(reports: Sequence[Report]) -> Report:
     return {**first, "results": results}
 
 
-def run_lab(lab: Lab, cfg: LabRunsConfig, trainer: Sequence[str]) -> dict[str, Any]:
-    """Train (with ``cfg.train``) and evaluate every row at every seed; write and print the page."""
-    began = time.perf_counter()
-    origin = git_state()  # the code that trains and evaluates: the checkout as the lab starts
+def run_lab(lab: Lab, cfg: LabRunsConfig, trainer: Trainer) -> dict[str, Any]:
+    """Train (with ``cfg.train``) and evaluate every row at every seed; write and print the page.
+    One lab at a time in a runs folder (see the module docstring)."""
     runs_root = Path(cfg.runs_root or f"runs/{lab.name}")
     out = Path(cfg.out) if cfg.out is not None else runs_root
     check_page_output(out, lab.name, f"{cfg.owner}.out")  # before hours of training, not after
+    with exclusive_lock(runs_root, f"the runs folder {runs_root} (another lab)"):
+        return _run_lab(lab, cfg, trainer, runs_root, out)
+
+
+def _run_lab(lab: Lab, cfg: LabRunsConfig, trainer: Trainer, runs_root: Path, out: Path) -> dict[str, Any]:
+    began = time.perf_counter()
+    origin = git_state()  # the code that trains and evaluates: the checkout as the lab starts
     rows = lab.rows(cfg)
+    if lab.starts_from is not None:
+        check_starting_runs(lab, cfg, rows)
+    jobs = lab_jobs(lab, cfg, rows, runs_root)
+    expected = {run: trainer.resolve(overrides) for run, overrides in jobs.items()}
+    check_lab_runs(expected)
     if cfg.train:
-        jobs = {run_dir(runs_root, row.run, seed): [*row.train, f"train.seed={seed}",
-                                                     *lab.train_extra(cfg, row, seed)]
-                for row in rows if row.train for seed in cfg.seeds}
-        train_runs(trainer, lab.experiment or lab.name, jobs, cfg.workers, cfg.train_overrides)
+        train_runs(trainer.command, jobs, cfg.workers)
+        check_lab_runs(expected)  # what the trainings wrote
     missing = sorted({str(run_dir(runs_root, row.run, seed)) for row in rows for seed in cfg.seeds
                       if not run_dir(runs_root, row.run, seed).is_dir()})
     if missing:
