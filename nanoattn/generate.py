@@ -27,7 +27,8 @@ Design:
   first token run eagerly (that step measures the kernels the graph then takes). A model shape
   compiles once, in seconds: the cache's length and size are symbolic in the graph, which serves
   every step, prompt and max_new_tokens (a new batch size compiles again). Compiled kernels sum in
-  another order, so logits differ from eager ones in the last float32 bits.
+  another order, so logits differ from eager ones by the rounding of the dtype they compute in (the
+  last bits in float32, bf16's under bf16 autocast), and sampled text can diverge from there.
 - Everything runs under ``torch.inference_mode()``; ``generate`` returns an ordinary tensor.
 - A library: nothing here prints, picks a device or reads a checkpoint. Text on top (stop strings,
   streaming) is ``nanoattn.text``; the ``sample`` command line (``nanoattn.commands.sample``) reads

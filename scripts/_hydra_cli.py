@@ -56,6 +56,7 @@ from omegaconf.errors import (
     OmegaConfBaseException,
 )
 
+from nanoattn.checkpoint import INIT_OVERRIDABLE, read_checkpoint_config
 from nanoattn.config import PRESETS, RunConfig
 from nanoattn.config.options import ATTENTION_VARIANTS, RECIPES, check_recipe_choice, encoding_options
 from nanoattn.runtime import check_output, keep_freed_memory
@@ -236,6 +237,28 @@ def check_choices(hydra_cfg: DictConfig) -> None:
     check_recipe_choice(recipe, experiment, OmegaConf.to_container(node), given)
 
 
+def check_init_from(hydra_cfg: DictConfig, values: dict[str, Any]) -> None:
+    """``train.init_from`` trains the checkpoint's model (its weights fix it): a model key the command
+    line gives (``model.<key>=``, or through ``pos=`` or ``attention=``) that the checkpoint holds
+    otherwise is refused in one line, where it was silently replaced, but for ``INIT_OVERRIDABLE``."""
+    init_from = (values.get("train") or {}).get("init_from")
+    if not init_from:
+        return
+    given: set[str] = set()
+    for override in hydra_cfg.overrides.task:
+        key, _, value = override.lstrip("+~").partition("=")
+        if key.startswith("model."):
+            given.add(key.split(".")[1])
+        elif key in ("pos", "attention"):
+            given |= set({**encoding_options(), **ATTENTION_VARIANTS}.get(value, {}))
+    saved, model = read_checkpoint_config(init_from)["model"], values.get("model") or {}
+    for key in sorted(given - set(INIT_OVERRIDABLE)):
+        if key in saved and key in model and model[key] != saved[key]:
+            raise ValueError(f"model.{key}={model[key]!r} is invalid with train.init_from={init_from}: the "
+                             f"checkpoint's is {saved[key]!r}, and its weights fix the model (only "
+                             f"{', '.join(INIT_OVERRIDABLE)} may change)")
+
+
 # The training command a lab runs once per run: the library never reaches into scripts/.
 TRAINER = (sys.executable, str(Path(__file__).resolve().with_name("train.py")))
 
@@ -252,9 +275,11 @@ def training_config(overrides: Sequence[str]) -> dict[str, Any]:
             cfg = compose(config_name="train", overrides=given, return_hydra_config=True)
             HydraConfig.instance().set_config(cfg)  # for the ${hydra:...} of an experiment's keys
             check_choices(cfg.hydra)
+            hydra_cfg = cfg.hydra
             with open_dict(cfg):
                 del cfg["hydra"]
             values = to_values(cfg)
+            check_init_from(hydra_cfg, values)
     finally:
         GlobalHydra.instance().clear()
     return resolved_run_config(values).to_dict()
@@ -361,7 +386,9 @@ def training_command(name: str, schema: dict[str, Any], run: Callable[[dict[str,
         try:
             with guard:
                 check_choices(hydra_cfg)
-                run({**to_values(cfg), "out_dir": str(hydra_dir)})
+                values = to_values(cfg)
+                check_init_from(hydra_cfg, values)
+                run({**values, "out_dir": str(hydra_dir)})
         finally:
             # Hydra creates its output directory before we run; drop it if it stayed empty (a failed
             # start, a resume that continues another directory, or a torchrun rank whose ${now:} differed).

@@ -125,3 +125,19 @@ def test_each_documented_command_composes(where, script, arguments, written):
                     check_choices(cfg.hydra)
     finally:
         GlobalHydra.instance().clear()
+
+
+# An override quoted inline in prose, `'key=value'`, as a reader copies it onto a command line.
+INLINE_OVERRIDE = re.compile(r"`'([\w.+~]+=[^`']*)'`")
+
+
+def test_every_override_quoted_in_the_prose_parses():
+    """`'train_overrides=[train.max_steps=1000]'` was documented and Hydra refuses it (a list element
+    holding '=' must be quoted); the overrides a lab hands on must each be key=value too."""
+    quoted = [(doc.name, match[1]) for doc in DOCS for match in INLINE_OVERRIDE.finditer(doc.read_text())]
+    assert len(quoted) > 5
+    parser = OverridesParser.create()
+    for where, override in quoted:
+        parsed = parser.parse_override(override)
+        if parsed.get_key_element().endswith("_overrides"):
+            assert all("=" in str(element) for element in parsed.value()), (where, override)

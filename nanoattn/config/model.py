@@ -284,9 +284,10 @@ class ModelConfig:
         check_choice("model", "attn_gate", self.attn_gate, ATTN_GATES)
         for name in ("ssmax", "xsa"):
             check_bool("model", name, getattr(self, name))
-        if not (is_int(self.canon) and self.canon != 1 and self.canon >= 0):
-            fail("model", "canon", self.canon, "must be 0 (off) or a convolution width of at least 2 (the "
-                 "token and width - 1 before it)")
+        if not (is_int(self.canon) and self.canon != 1 and 0 <= self.canon <= self.max_seq_len):
+            fail("model", "canon", self.canon, "must be 0 (off) or a convolution width from 2 (the token and "
+                 f"width - 1 before it) to max_seq_len={self.max_seq_len}: a wider one's taps never see a "
+                 "token in training")
         if self.xsa and self.diff_attn:
             fail("model", "xsa", self.xsa, "cannot be combined with diff_attn=True: a differential head is "
                  "RMSNorm((A1 - lambda A2) V) over a pair of values, which neither paper excludes one from")
@@ -308,7 +309,7 @@ class ModelConfig:
 
     def _check_sliding_window(self) -> None:
         windows = self.sliding_window
-        if isinstance(windows, Sequence) and not isinstance(windows, str):
+        if isinstance(windows, Sequence) and not isinstance(windows, (str, bytes)):
             if not 1 <= len(windows) <= self.n_layer:
                 fail("model", "sliding_window", windows, f"must be null, a window or a list of 1 to "
                      f"n_layer={self.n_layer} windows (null: a global layer) cycled over the layers")
@@ -373,7 +374,7 @@ class ModelConfig:
 
 def cycled(value: Any) -> list[Any]:
     """The values a per-layer field cycles over: a single value, or its list."""
-    return [value] if isinstance(value, str) or not isinstance(value, Sequence) else list(value)
+    return [value] if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) else list(value)
 
 
 def per_layer(value: Any, n_layer: int) -> tuple[Any, ...]:

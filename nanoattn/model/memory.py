@@ -15,14 +15,16 @@ Every entry point asks these before it builds a model or a batch, and refuses wi
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from nanoattn.config import ModelConfig
 from nanoattn.model.gpt import GPT
-from nanoattn.runtime import check_fits
-from nanoattn.validation import declared_defaults, largest_departure
+from nanoattn.runtime import check_fits, fits
+from nanoattn.validation import declared_defaults, is_int, largest_departure
 
 WEIGHT_BYTES = 4  # weights are float32 (autocast computes in bf16, it stores nothing narrower)
 ACTIVATION_BYTES = 2  # the narrowest element a forward pass computes in (bfloat16 autocast)
@@ -44,16 +46,44 @@ def meta_model(cfg: ModelConfig, device: torch.device | str = "cpu", *, owner: s
     bound before any block is built, then by the exact count.
     """
     device = torch.device(device)
-    sizes = {name: (getattr(cfg, name), DEFAULTS[name]) for name in ("n_layer", "d_model", "vocab_size")}
-    name = largest_departure(sizes)
-    key = (owner, name, getattr(cfg, name))
-    shape = ", ".join(f"{n}={value:,}" for n, (value, _) in sizes.items())
-    check_fits(WEIGHT_BYTES * weights_at_least(cfg), device, f"a model of {shape}", key=key, at_least=True)
+    shape = ", ".join(f"{n}={getattr(cfg, n):,}" for n in ("n_layer", "d_model", "vocab_size"))
+    if not fits(WEIGHT_BYTES * weights_at_least(cfg), device):
+        name = largest_contributor(cfg, weights_at_least)
+        check_fits(WEIGHT_BYTES * weights_at_least(cfg), device, f"a model of {shape}", at_least=True,
+                   key=(owner, name, getattr(cfg, name)))
     with torch.device("meta"):
         model = GPT(cfg)
     count = model.num_params()
-    check_fits(WEIGHT_BYTES * count, device, f"a model of {shape} ({count:,} parameters)", key=key)
+    if not fits(WEIGHT_BYTES * count, device):
+        name = largest_contributor(cfg, parameter_count)
+        check_fits(WEIGHT_BYTES * count, device, f"a model of {shape} ({count:,} parameters)",
+                   key=(owner, name, getattr(cfg, name)))
     return model
+
+
+def parameter_count(cfg: ModelConfig) -> int:
+    with torch.device("meta"):
+        return GPT(cfg).num_params()
+
+
+def largest_contributor(cfg: ModelConfig, size: Callable[[ModelConfig], int]) -> str:
+    """The integer field a refusal of ``size(cfg)`` names: of the fields whose value changes the size
+    (set to its default, halved or doubled, where that is a valid config), the one furthest above its
+    default by ratio (a canon width or an Abacus offset, not the layers)."""
+    total, sizing = size(cfg), {}
+    for field in dataclasses.fields(cfg):
+        value, default = getattr(cfg, field.name), DEFAULTS.get(field.name)
+        if not is_int(value) or value == default:
+            continue
+        for other in (default, value // 2, 2 * value):
+            try:
+                changed = size(dataclasses.replace(cfg, **{field.name: other})) != total
+            except ValueError:  # not a valid config beside the other fields
+                continue
+            if changed:
+                sizing[field.name] = (value, default or 1)
+                break
+    return largest_departure(sizing) if sizing else "n_layer"
 
 
 def activation_bytes(cfg: ModelConfig, tokens: int, *, training: bool = False) -> int:

@@ -55,11 +55,6 @@ def positions_refusal(cfg) -> str | None:
     counting = [name for name in ("ssmax", "forget_gate") if getattr(cfg, name)]
     if counting:
         return f"model.{counting[0]}=True counts each query's keys by its default position, 0..T-1"
-    # Scalable-Softmax's log n and FoX's decay count a query's keys by the default positions
-    # (model/gates.py, model/score_functions.py).
-    counting = [name for name in ("ssmax", "forget_gate") if getattr(cfg, name)]
-    if counting:
-        return f"model.{counting[0]}=True counts each query's keys by its default position, 0..T-1"
     if cfg.rotary and rope_depends_on_length(cfg.rope_scaling):
         return (f"rope_scaling type {cfg.rope_scaling['type']!r} rotates by the sequence length, which given "
                 "positions do not fix")

@@ -80,8 +80,8 @@ class PolarLayer(RotaryPositionalEncoding):
 
     def rotate(self, x: torch.Tensor, positions: torch.Tensor, seq_len: int) -> torch.Tensor:
         """x [B, heads, T, d] -> the real form [B, heads, T, 2d]: [softplus(x) cos | softplus(x) sin]."""
-        cos, sin = self.cos_sin(seq_len, x.device)
-        cos, sin = cos[positions], sin[positions]  # float32 [T, d], the attention factor included
+        cos, sin = self.phases(positions, seq_len)  # float32 [(B,) T, d], the attention factor included
+        cos, sin = cos.unsqueeze(-3), sin.unsqueeze(-3)  # shared by the heads
         magnitude = F.softplus(x.float())  # [B, heads, T, d]
         return torch.cat((magnitude * cos, magnitude * sin), dim=-1).to(x.dtype)
 
@@ -101,6 +101,7 @@ class PolarPositionalEncoding(PositionalEncoding):
     """The registry's ``pope``: one ``PolarLayer`` per layer using it, each handed out by ``for_layer``."""
 
     rotary = True
+    takes_positions = True
 
     def __init__(self, cfg, layers) -> None:
         super().__init__(cfg, layers)

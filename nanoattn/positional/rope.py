@@ -142,6 +142,18 @@ class RotaryPositionalEncoding(PositionalEncoding):
             self._tables[device] = (seq_len if self.length_dependent_rotation else length, cos, sin)
         return cos, sin
 
+    def phases(self, positions: torch.Tensor, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """float32 cos and sin at positions [T] or [B, T] -> [(B,) T, rotary_dim // 2], the attention factor
+        included: rows of the table for the default positions; computed at the positions themselves
+        for given ones (the same float32 products), so an id far past the others costs what any id
+        costs, where a table up to it could need more memory than the machine has."""
+        if positions.dim() == 1:
+            cos, sin = self.cos_sin(seq_len, positions.device)
+            return cos[positions], sin[positions]
+        inv_freq, attention_factor = self.frequencies(seq_len, positions.device)
+        phase = positions.float()[..., None] * inv_freq.float()  # [B, T, rotary_dim // 2]
+        return torch.cos(phase) * attention_factor, torch.sin(phase) * attention_factor
+
     def rotation_changes(self, old_len: int, new_len: int) -> bool:
         if not self.length_dependent_rotation:
             return False
@@ -162,8 +174,7 @@ class RotaryPositionalEncoding(PositionalEncoding):
                 and last[1:3] == (seq_len, dtype) and last[0].shape == positions.shape
                 and last[0].device == positions.device and torch.equal(last[0], positions)):
             return last[3], last[4]
-        cos, sin = self.cos_sin(seq_len, positions.device)
-        cos, sin = cos[positions], sin[positions]  # float32 [(B,) T, rotary_dim // 2]
+        cos, sin = self.phases(positions, seq_len)  # float32 [(B,) T, rotary_dim // 2]
         cos = torch.cat((cos, cos), dim=-1).to(dtype).unsqueeze(-3)  # shared by the heads
         sin = torch.cat((-sin, sin), dim=-1).to(dtype).unsqueeze(-3)
         if not compiling:

@@ -20,10 +20,9 @@ Choices:
   transformers' T5 also initialises the table normal. Zeros would work too (the table's
   gradient is non-zero from step 0, each head's through its own q.k), but would start as NoPE
   and leave the generic tests (cached decoding, chunking) with a zero bias to check.
-- Cheap per chunk: the bucket of every distance 0 .. max_distance is computed once (a buffer);
-  a chunk reads the table at those buckets ([n_head, max_distance + 1], tiny) and gathers it at
-  its integer distances clamped to max_distance ([n_head, Tq, Tk]). Distances past max_distance
-  are all in the last bucket, so the clamp is exact and the bias is defined at any length.
+- A chunk computes the buckets of its own distances ([(B,) Tq, Tk]) and gathers the table at them:
+  nothing is sized by ``t5_max_distance``, which may be any integer. Distances past it are all in
+  the last bucket, so the bias is defined at any length.
 """
 
 from __future__ import annotations
@@ -57,9 +56,6 @@ class T5PositionalEncoding(PositionalEncoding):
         self.num_buckets, self.max_distance = cfg.t5_num_buckets, cfg.t5_max_distance
         self.table = nn.Embedding(cfg.t5_num_buckets, cfg.n_head)  # [num_buckets, n_head]
         nn.init.normal_(self.table.weight, std=cfg.init_std)
-        distances = torch.arange(cfg.t5_max_distance + 1)
-        self.register_buffer("buckets", t5_causal_bucket(distances, cfg.t5_num_buckets, cfg.t5_max_distance),
-                             persistent=False)  # [max_distance + 1]: the bucket of each distance
 
     @classmethod
     def check_config(cls, cfg) -> None:
@@ -74,8 +70,8 @@ class T5PositionalEncoding(PositionalEncoding):
 
     def bias(self, q, k, q_positions: torch.Tensor, k_positions: torch.Tensor, layer: int) -> torch.Tensor:
         distance = q_positions[..., :, None] - k_positions[..., None, :]  # [(B,) Tq, Tk]
-        distance = distance.clamp(0, self.max_distance)
-        by_distance = self.table.weight.float()[self.buckets].T  # [n_head, max_distance + 1]
-        # index_select, not by_distance[:, distance]: several times faster, forward and backward.
-        bias = by_distance.index_select(1, distance.reshape(-1)).view(-1, *distance.shape)
+        bucket = t5_causal_bucket(distance, self.num_buckets, self.max_distance)  # [(B,) Tq, Tk]
+        by_bucket = self.table.weight.float().T  # [n_head, num_buckets]
+        # index_select, not by_bucket[:, bucket]: several times faster, forward and backward.
+        bias = by_bucket.index_select(1, bucket.reshape(-1)).view(-1, *bucket.shape)
         return bias.movedim(0, -3)  # [n_head, (B,) Tq, Tk] -> [(B,) n_head, Tq, Tk]

@@ -26,6 +26,7 @@ from nanoattn.runtime.device import (
     check_fits,
     cpu_flags,
     cpu_name,
+    fits,
     memory_bytes,
     pick_device,
     synchronize,
@@ -50,9 +51,10 @@ from nanoattn.runtime.outputs import (
 )
 from nanoattn.runtime.process import cache_dir, keep_freed_memory, note
 
-__all__ = ["CHECKOUT", "CHECKPOINTS", "DEVICES", "DTYPES", "HOLDER_FILE", "MODEL_WEIGHTS", "RUN_CONFIG",
-           "LockedError", "affordable", "autocast", "autocast_dtype", "cache_dir", "check_compile_choice",
+__all__ = ["CHECKOUT", "CHECKPOINTS", "DEVICES", "DTYPES", "HOLDER_FILE", "LockedError", "MODEL_WEIGHTS",
+           "RUN_CONFIG", "affordable", "autocast", "autocast_dtype", "cache_dir", "check_compile_choice",
            "check_device_name", "check_fits", "check_output", "checkpoint_holding", "compile_choice",
-           "compiler_missing", "cpu_flags", "cpu_name", "exclusive_lock", "fsync_dir", "is_repository_root",
-           "json_object_with", "keep_freed_memory", "memory_bytes", "note", "pick_device", "synchronize",
-           "temporary_sibling", "use_compile_cache", "use_deterministic_compilation", "write_atomic"]
+           "compiler_missing", "cpu_flags", "cpu_name", "exclusive_lock", "fits", "fsync_dir",
+           "is_repository_root", "json_object_with", "keep_freed_memory", "memory_bytes", "note",
+           "pick_device", "synchronize", "temporary_sibling", "use_compile_cache",
+           "use_deterministic_compilation", "write_atomic"]

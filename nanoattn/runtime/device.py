@@ -94,6 +94,11 @@ def memory_bytes(device: torch.device) -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
+def fits(nbytes: int, device: torch.device) -> bool:
+    """Whether ``nbytes`` fit the device's memory (``memory_bytes``)."""
+    return nbytes <= memory_bytes(device)
+
+
 def check_fits(nbytes: int, device: torch.device, what: str, *, key: tuple[str, str, Any] | None = None,
                advice: str | None = None, at_least: bool = False) -> None:
     """Refuse, before allocating, ``what`` when its ``nbytes`` exceed the device's memory.
@@ -102,9 +107,9 @@ def check_fits(nbytes: int, device: torch.device, what: str, *, key: tuple[str, 
     value) it names the option that asked for the size (``owner.name=value is invalid: ...``),
     and ``advice`` is appended when given. ``at_least``: ``nbytes`` is a lower bound.
     """
-    have = memory_bytes(device)
-    if nbytes <= have:
+    if fits(nbytes, device):
         return
+    have = memory_bytes(device)
     needs = f"needs {'at least ' if at_least else ''}{_gib(nbytes)} GiB"
     reason = (f"{what} {needs}, more than the {_gib(have)} GiB of {device}"
               + (f"; {advice}" if advice else ""))

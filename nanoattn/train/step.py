@@ -25,7 +25,7 @@ from nanoattn.config import RunConfig
 from nanoattn.data.tasks import row_inputs
 from nanoattn.model import GPT, check_forward_fits, meta_model
 from nanoattn.positional import PositionalEncoding
-from nanoattn.runtime import use_compile_cache, use_deterministic_compilation
+from nanoattn.runtime import check_fits, use_compile_cache, use_deterministic_compilation
 from nanoattn.tasks import TASKS
 from nanoattn.validation import declared_defaults, largest_departure
 
@@ -36,9 +36,10 @@ DEFAULTS = declared_defaults(RunConfig)
 def check_step_fits(cfg: RunConfig, device: torch.device) -> None:
     """Refuse, before any data is read or any weight allocated, a run whose model or training step
     cannot fit ``device`` (``nanoattn.model.memory``): the weights, then their gradients and a
-    step's activations over batch_size x seq_len tokens, seq_len a task run's largest row when the
-    task sets it. The error names the option further above its default: the batch, or the length's
-    source (``task.train_length``, ``train.seq_len``, ``model.max_seq_len``)."""
+    step's activations over batch_size x seq_len tokens with the step's grad_accum micro-batches,
+    seq_len a task run's largest row when the task sets it; then the eval_steps validation batches
+    a run keeps. The error names the option further above its default: the batch, the micro-batches,
+    or the length's source (``task.train_length``, ``train.seq_len``, ``model.max_seq_len``)."""
     meta_model(cfg.model, device)
     t, task = cfg.train, cfg.task
     if task.name is not None and t.seq_len is None:
@@ -48,10 +49,14 @@ def check_step_fits(cfg: RunConfig, device: torch.device) -> None:
         seq_len, usual = cfg.seq_len, DEFAULTS["model"]["max_seq_len"]
         source = ("train", "seq_len") if t.seq_len else ("model", "max_seq_len")
         length = (*source, seq_len, usual)
-    sizes = {"batch_size": (t.batch_size, DEFAULTS["train"]["batch_size"]), "length": (length[2], length[3])}
-    key = ("train", "batch_size", t.batch_size) if largest_departure(sizes) == "batch_size" else length[:3]
+    sizes = {"length": length, **{name: ("train", name, getattr(t, name), DEFAULTS["train"][name])
+                                  for name in ("batch_size", "grad_accum")}}
+    key = sizes[largest_departure({name: size[2:] for name, size in sizes.items()})][:3]
     check_forward_fits(cfg.model, t.batch_size, seq_len, device, key, training=True,
-                       extra=2 * TOKEN_BYTES * t.batch_size * seq_len)
+                       extra=2 * TOKEN_BYTES * t.grad_accum * t.batch_size * seq_len)
+    check_fits(2 * TOKEN_BYTES * t.eval_steps * t.batch_size * seq_len, device,
+               f"{t.eval_steps:,} validation batches of {t.batch_size:,} x {seq_len:,} tokens",
+               key=("train", "eval_steps", t.eval_steps))
 
 
 class LossModule(nn.Module):

@@ -165,7 +165,7 @@ WRONG_TYPE: dict[str, tuple] = {
     **{section: (1,) for section in ("TokenizerConfig", "ModelConfig", "DataConfig", "TrainConfig",
                                      "LoggerConfig", "TaskConfig")},
 }
-WRONG_ANY = {"pos": (1, {"rope": 1}), "sliding_window": ("64", 2.5), "resume": (1, None)}  # Any: by name
+WRONG_ANY = {"pos": (1, {"rope": 1}), "sliding_window": ("64", 2.5, b"x"), "resume": (1, None)}  # by name
 CONFIGS = {ModelConfig: "model", TokenizerConfig: "data.tokenizer", DataConfig: "data", TrainConfig: "train",
            TaskConfig: "task", LoggerConfig: "logger", RunConfig: "run"}
 

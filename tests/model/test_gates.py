@@ -97,7 +97,7 @@ def test_each_keeps_sdpas_causal_kernel_so_memory_stays_linear_in_the_length(mon
     (dict(attn_gate=True), "model.attn_gate=True is invalid: allowed"),
     (dict(ssmax="yes"), "model.ssmax='yes' is invalid: must be true or false"),
     (dict(xsa=1), "model.xsa=1 is invalid: must be true or false"),
-    (dict(canon=1), "model.canon=1 is invalid: must be 0 .off. or a convolution width of at least 2"),
+    (dict(canon=1), "model.canon=1 is invalid: must be 0 .off. or a convolution width from 2"),
     (dict(canon=-2), "model.canon=-2 is invalid"),
     (dict(canon=True), "model.canon=True is invalid"),
     (dict(canon=2.5), "model.canon=2.5 is invalid"),

@@ -52,7 +52,8 @@ def test_the_exact_count_refuses_what_the_bound_lets_through(monkeypatch):
     cfg = config(value_embeds=2)  # two extra token tables the bound does not count
     with torch.device("meta"):
         exact = GPT(cfg).num_params()
-    monkeypatch.setattr(runtime.device, "memory_bytes", lambda device: 4 * (weights_at_least(cfg) + exact) // 2)
+    monkeypatch.setattr(runtime.device, "memory_bytes",
+                        lambda device: 4 * (weights_at_least(cfg) + exact) // 2)
     with pytest.raises(ValueError, match=rf"a model of .* \({exact:,} parameters\) needs [\d.]+ GiB"):
         meta_model(cfg)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import runpy
 import shutil
@@ -12,6 +13,7 @@ import time
 
 import pytest
 import yaml
+from omegaconf import OmegaConf, open_dict
 
 import nanoattn.train.step as step
 from nanoattn.config.options import encoding_options
@@ -244,3 +246,37 @@ def test_the_advice_after_a_stop_resumes_an_experiments_run_in_its_own_directory
     assert (run_dir / "checkpoints" / "latest").read_text() == "000006\n"
     assert [r["step"] for r in read_metrics(run_dir / "metrics.jsonl")] == [1, 2, 3, 4, 5, 6]
     assert sorted(p.name for p in (tmp_path / "lab").iterdir()) == ["alibi"]  # no lab/alibi/alibi
+
+
+def test_init_from_refuses_a_model_key_the_checkpoint_holds_otherwise(tmp_path, tiny_config, as_overrides):
+    """train.init_from trains the checkpoint's model: model.d_model=48 or pos=alibi over a RoPE
+    checkpoint of width 32 was silently replaced by the checkpoint's; now refused in one line. The
+    fields a fine-tune may change (the length, the scaling), and a key equal to the checkpoint's, pass."""
+    sys.path.insert(0, SCRIPT_DIR)
+    from _hydra_cli import CONFIG_PATH, check_init_from
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    importlib.import_module("train")  # registers the schema and the registries' groups
+    source = train(tiny_config(tmp_path / "source", max_steps=1, ckpt_interval=0))
+    base = [o for o in as_overrides(tiny_config(tmp_path / "tuned", init_from=str(source)))
+            if not o.startswith("model.")]
+
+    def check(*given: str) -> None:
+        GlobalHydra.instance().clear()
+        try:
+            with initialize_config_dir(config_dir=CONFIG_PATH, version_base="1.3"):
+                cfg = compose(config_name="train", overrides=[*base, *given], return_hydra_config=True)
+                hydra_cfg = cfg.hydra
+                with open_dict(cfg):
+                    del cfg["hydra"]
+                check_init_from(hydra_cfg, OmegaConf.to_container(cfg, resolve=True))
+        finally:
+            GlobalHydra.instance().clear()
+
+    for given, key, value in ((["model.d_model=48"], "d_model", 48), (["pos=alibi"], "pos", "'alibi'")):
+        with pytest.raises(ValueError, match=rf"^model\.{key}={value} is invalid with train\.init_from=\S+: "
+                                             r"the checkpoint's is \S+, and its weights fix the model \(only "
+                                             "max_seq_len, rope_scaling"):
+            check(*given)
+    check("model.d_model=32", "pos=rope", "model.max_seq_len=64")

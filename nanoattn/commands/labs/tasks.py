@@ -331,14 +331,14 @@ TASK_LABS: tuple[Lab, ...] = (
         "CPU budget trains, so a finding says whether the direction holds at this scale.",
         arithmetic_rows, task_report, task_cells, plot_tasks, status=task_status, notes=arithmetic_notes,
         claims=(
-            # Each claim: the paper's setting, then ours (D digits trained, 4 layers, 3,400 steps).
+            # Each claim: the paper's setting, then ours.
             Claim("McLeish et al. 2024 (Abacus)", "Abacus+FIRE beats FIRE at 4x (paper: trained on 20 "
                   "digits, near-perfect at 100; here D digits, scored at 4D)", "exact 4x", "abacus_fire",
                   "fire", lower_is_better=False),
             Claim("McLeish et al. 2024 (Abacus)", "Abacus beats NoPE at 2x (paper: Abacus alone against "
                   "NoPE, 20 digits trained)", "exact 2x", "abacus", "nope", lower_is_better=False),
             Claim("Cho et al. 2024 (position coupling)", "coupled ids beat NoPE at 4x (paper: a 1-layer "
-                  "model, 30 digits trained, 200 tested; here 4 layers, D digits)", "exact 4x",
+                  "model, 30 digits trained, 200 tested; here D digits)", "exact 4x",
                   "coupling_ape", "nope", lower_is_better=False),
             Claim("Ruoss et al. 2023 (randomized positions)", "randomized RoPE beats RoPE at 2x (paper: "
                   "scored at random positions too; here at 0..T-1)", "exact 2x", "random_rope", "rope",
