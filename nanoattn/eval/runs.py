@@ -106,7 +106,9 @@ class ReportConfig(CheckpointEvalConfig):
         check_bool(own, "plot", self.plot)
 
     def load(self) -> tuple[Checkpoint, TokenData]:
-        """``load_for_eval`` of this checkpoint, scaling, device and data folder."""
+        """``load_for_eval`` of this checkpoint, scaling, device and data folder, once the report's
+        path is known to be writable (``check_report_output``): a refusal comes before any work."""
+        check_report_output(self.output(), self.plot, f"{self.owner}.out")
         return load_for_eval(self.ckpt, rope_scaling=self.rope_scaling, device=self.device,
                              data_dir=self.data_dir)
 

@@ -22,6 +22,7 @@ from nanoattn.checkpoint import save_checkpoint
 from nanoattn.commands.eval_length import LengthEvalConfig, eval_length, run_length_eval
 from nanoattn.data import TokenData
 from nanoattn.eval import evaluate_lengths, lengths_from_multiples, score_length
+from nanoattn.eval import runs as eval_runs
 from nanoattn.eval.length import PeakMemory, window_starts
 from nanoattn.eval.runs import default_output
 from nanoattn.model import attention
@@ -351,15 +352,17 @@ def test_the_config_composes_with_scaling_overrides(eval_schemas):
     assert from_dict(LengthEvalConfig, cfg, owner="eval_length") == LengthEvalConfig(ckpt="runs/x")
 
 
-def test_out_never_overwrites_a_file_that_is_not_a_report(prepared, tmp_path):
+def test_out_never_overwrites_a_file_that_is_not_a_report(prepared, tmp_path, monkeypatch):
     run = save_run(tmp_path / "run", "rope", prepared)
     config = (run / "config.yaml").read_text()
-    for out, message in ((run / "config.yaml", "is a .json file"),
-                         (run / "notes.json", "exists and is not an evaluation report")):
-        if out.suffix == ".json":
-            out.write_text('{"mine": true}\n')
-        with pytest.raises(ValueError, match=message):
-            run_length_eval(LengthEvalConfig(ckpt=str(run), lengths=[32], max_tokens=64, out=str(out)))
+    with monkeypatch.context() as before_any_work:  # checked before the checkpoint is loaded
+        before_any_work.setattr(eval_runs, "load_for_eval", lambda *a, **k: pytest.fail("loaded first"))
+        for out, message in ((run / "config.yaml", "is a .json file"),
+                             (run / "notes.json", "exists and is not an evaluation report")):
+            if out.suffix == ".json":
+                out.write_text('{"mine": true}\n')
+            with pytest.raises(ValueError, match=message):
+                run_length_eval(LengthEvalConfig(ckpt=str(run), lengths=[32], max_tokens=64, out=str(out)))
     assert (run / "config.yaml").read_text() == config
     assert (run / "notes.json").read_text() == '{"mine": true}\n'
     (run / "figure.png").write_bytes(b"someone's figure")
