@@ -8,9 +8,13 @@ Design choices:
   The summary is computed from those values, never stated beside them: each cell's mean and its
   95% interval, Student's t over the seeds (a cell measured on fewer than two seeds has no
   interval, and says so).
-- A paper's claim is a comparison of two rows on one column, checked as the paired difference
-  over the seeds both rows measured: it "agrees" when the interval lies on the claimed side of
-  zero, "disagrees" when it lies on the other side, and is "inconclusive" when it holds zero.
+- A rate (exact match, retrieval: a column of ``Measure.rates``) gets an interval that stays in
+  [0, 1]: Student t on the logit scale (``nanoattn.eval.claims.rate_interval``); the page says so.
+- A paper's claim is a comparison of two rows on one column, checked as the paired comparison over
+  the seeds both rows measured, and decided only where the lab has the power to detect the paper's
+  effect (``nanoattn.eval.claims``): each finding states the paper's scale and effect, the lab's
+  scale, the advantage measured and the minimum detectable effect. A length claim judged on the
+  change from 1x puts that column beside the level on the page.
 - A row may carry a status instead of numbers (a run not finished, a task not learned): its
   cells are kept in the record but shown as the status, and no claim is decided on it.
 - ``render_page`` is a function of the record alone, so a page is regenerated from its JSON.
@@ -25,56 +29,34 @@ import datetime
 import json
 import math
 import shlex
-import statistics
 import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from scipy import stats
 
+from nanoattn.eval.claims import (
+    CONFIDENCE,
+    Claim,
+    Measure,
+    advantage_text,
+    cell_values,
+    degradation_column,
+    interval,
+    judge,
+    mde_text,
+    paper_effect_text,
+    rate_interval,
+)
 from nanoattn.eval.tables import format_table
 from nanoattn.runtime import check_output, cpu_flags, cpu_name, exclusive_lock, json_object_with, write_atomic
 
-CONFIDENCE = 0.95
 # The flags that choose a CPU's kernels, and so its speed and its bf16 rounding.
 KERNEL_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
 REPO = Path(__file__).resolve().parents[2]  # the checkout of an editable install
 PUBLISHED = "docs/results"  # where the results pages are published, relative to REPO
-
-
-def interval(values: Sequence[float]) -> dict[str, Any]:
-    """Mean and 95% interval (Student t) of ``values``; ``low``/``high`` are None below two values."""
-    n = len(values)
-    mean = statistics.fmean(values) if n else None
-    if n < 2:
-        return {"mean": mean, "low": None, "high": None, "n": n}
-    half = float(stats.t.ppf(0.5 + CONFIDENCE / 2, n - 1)) * statistics.stdev(values) / math.sqrt(n)
-    return {"mean": mean, "low": mean - half, "high": mean + half, "n": n}
-
-
-def verdict(difference: Mapping[str, Any]) -> str:
-    """A claim that ``difference`` (claimed side minus other side, oriented to be > 0) is positive."""
-    if difference["low"] is None:
-        return "inconclusive"
-    if difference["low"] > 0:
-        return "agrees"
-    return "disagrees" if difference["high"] < 0 else "inconclusive"
-
-
-@dataclass(frozen=True)
-class Claim:
-    """A paper's claim that row ``better`` beats row ``worse`` on ``column``."""
-
-    paper: str
-    statement: str
-    column: str
-    better: str
-    worse: str
-    lower_is_better: bool = True
 
 
 def machine() -> dict[str, Any]:
@@ -121,44 +103,42 @@ def provenance(page: str, title: str, about: str, command: str | None = None) ->
 def record(page: str, title: str, about: str, seeds: Sequence[int],
            values: Mapping[str, Mapping[str, Sequence[float | None]]], *,
            claims: Sequence[Claim] = (), status: Mapping[str, str] | None = None,
-           notes: Sequence[str] = (), command: str | None = None, **extra: Any) -> dict[str, Any]:
+           notes: Sequence[str] = (), command: str | None = None, measure: Measure | None = None,
+           scales: Mapping[str, Mapping[str, Any]] | None = None, **extra: Any) -> dict[str, Any]:
     """The record of a page: ``values[row][column]`` holds one value per seed (None: not measured).
 
     ``status[row]`` replaces a row's numbers on the page (and keeps it out of every claim);
-    ``notes`` are lines the page states below its table.
+    ``notes`` are lines the page states below its table; ``measure`` says which columns are rates
+    (and how many instances each value counts); ``scales[row]`` is what its runs trained (parameters,
+    tokens, length), which each claim states beside the paper's.
     """
-    status = dict(status or {})
+    status, scales, measure = dict(status or {}), dict(scales or {}), measure or Measure()
+    degraded = list(dict.fromkeys(claim.column for claim in claims if claim.degradation))
     rows = []
     for label, columns in values.items():
+        columns = {c: list(v) for c, v in columns.items()}
         for column, cells in columns.items():
             if len(cells) != len(seeds):
                 raise ValueError(f"row {label!r} has {len(cells)} values of {column!r} for {len(seeds)} "
                                  "seeds")
-        rows.append({"label": label, "status": status.get(label),
-                     "values": {c: list(v) for c, v in columns.items()},
-                     "summary": {c: interval([x for x in v if x is not None]) for c, v in columns.items()}})
+        for column in degraded:  # beside the level, its change from 1x
+            changed = cell_values({"values": columns}, column, degradation=True)
+            if changed is not None:
+                columns[degradation_column(column)] = changed
+        rows.append({"label": label, "status": status.get(label), "values": columns,
+                     "summary": {c: summarize(c, v, measure) for c, v in columns.items()},
+                     **({"scale": dict(scales[label])} if label in scales else {})})
     return {**provenance(page, title, about, command), "seeds": list(seeds), "rows": rows,
-            "findings": [finding(claim, rows) for claim in claims],
+            "rates": dict(measure.rates), "findings": judge(claims, rows, measure),
             **({"notes": list(notes)} if notes else {}), **extra}
 
 
-def finding(claim: Claim, rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """``claim`` decided by the paired differences over the seeds both of its rows measured."""
-    by_label = {row["label"]: row for row in rows}
-    result = {"paper": claim.paper, "statement": claim.statement, "column": claim.column,
-              "better": claim.better, "worse": claim.worse}
-    pair = [by_label.get(claim.better), by_label.get(claim.worse)]
-    if any(row is None or claim.column not in row["values"] for row in pair):
-        return {**result, "difference": None, "verdict": "not measured"}
-    held = [row["status"] for row in pair if row["status"]]
-    if held:
-        return {**result, "difference": None, "verdict": f"inconclusive ({'; '.join(held)})"}
-    sign = 1 if claim.lower_is_better else -1
-    better, worse = (row["values"][claim.column] for row in pair)
-    differences = [sign * (w - b) for b, w in zip(better, worse, strict=True)
-                   if b is not None and w is not None]
-    difference = interval(differences)
-    return {**result, "difference": difference, "verdict": verdict(difference)}
+def summarize(column: str, cells: Sequence[float | None], measure: Measure) -> dict[str, Any]:
+    """A column's mean and 95% interval over the seeds measured (a rate's stays in [0, 1])."""
+    measured = [x for x in cells if x is not None]
+    if measure.is_rate(column):
+        return rate_interval(measured, measure.rates[column])
+    return interval(measured)
 
 
 def number(value: float | None) -> str:
@@ -180,14 +160,27 @@ def cell(summary: Mapping[str, Any]) -> str:
 
 def header_lines(page: Mapping[str, Any]) -> list[str]:
     """A page's title, prose, the command that regenerates it, and where and when it was made."""
+    dirty = " (with uncommitted changes)" if page["dirty"] else ""
+    lines = [f"# {page['title']}", "", page["about"], ""]
+    measured = page.get("measured")
+    if measured:  # values from an earlier page, judged again (a lab's values_from)
+        lines += ["Generated from the JSON beside this page. Its values were measured by:", "",
+                  "```bash", measured["command"], "```", "", *_origin_lines(measured),
+                  "", "and its summaries and verdicts recomputed from them, nothing retrained, by:",
+                  "", "```bash", page["command"], "```", "",
+                  f"- commit `{page['commit']}`{dirty}, {page['date']}"]
+        return lines
+    return [*lines, "Generated from the JSON beside this page; regenerate with:", "",
+            "```bash", page["command"], "```", "", *_origin_lines(page)]
+
+
+def _origin_lines(page: Mapping[str, Any]) -> list[str]:
+    """Where, when and how long a page's measurements were made."""
     facts = page["machine"]
     flags = ", ".join(facts["kernel_flags"]) or "none of " + ", ".join(KERNEL_FLAGS)
-    machine_text = f"{facts['cpu']} ({flags}), {facts['threads']} threads, torch {facts['torch']}"
     dirty = " (with uncommitted changes)" if page["dirty"] else ""
-    lines = [f"# {page['title']}", "", page["about"], "",
-             "Generated from the JSON beside this page; regenerate with:", "",
-             "```bash", page["command"], "```", "",
-             f"- commit `{page['commit']}`{dirty}, {page['date']}", f"- machine: {machine_text}"]
+    lines = [f"- commit `{page['commit']}`{dirty}, {page['date']}",
+             f"- machine: {facts['cpu']} ({flags}), {facts['threads']} threads, torch {facts['torch']}"]
     if page.get("wall_seconds") is not None:
         minutes = page["wall_seconds"] / 60
         lines.append(f"- wall time: {minutes:.1f} minutes for this command (what it trained included; runs "
@@ -199,39 +192,76 @@ def header_lines(page: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-def seeds_line(seeds: Sequence[int]) -> str:
+def seeds_line(seeds: Sequence[int], rates: Sequence[str] = ()) -> str:
     if len(seeds) < 2:
         return (f"- seed: {', '.join(map(str, seeds))}; one seed gives no interval, so each cell is that "
                 "run's value and no claim can be decided")
-    return (f"- seeds: {', '.join(map(str, seeds))}; each cell is the mean ± the half-width of its "
+    line = (f"- seeds: {', '.join(map(str, seeds))}; each cell is the mean ± the half-width of its "
             f"{CONFIDENCE:.0%} interval (Student t over the seeds)")
+    if rates:
+        shown = ", ".join(f"`{c}`" for c in rates)
+        line += (f"; the rates ({shown}) take it on the logit scale, each seed's rate moved half an "
+                 "instance inward, so it stays in [0, 1] (shown as low-high)")
+    return line
+
+
+def rate_cell(summary: Mapping[str, Any]) -> str:
+    """A rate's ``mean (low-high)``: its interval is not symmetric."""
+    if summary["mean"] is None:
+        return "n/a"
+    if summary["low"] is None:
+        return number(summary["mean"])
+    return f"{number(summary['mean'])} ({number(summary['low'])}-{number(summary['high'])})"
+
+
+def scale_text(scale: Mapping[str, Any] | None) -> str:
+    """What a row's runs trained: ``0.85M parameters, 0.52M tokens, trained at 128``."""
+    if not scale:
+        return "—"
+    return (f"{scale['parameters'] / 1e6:.2g}M parameters, {scale['tokens'] / 1e6:.2g}M tokens, trained at "
+            f"{scale['train_length']:,}")
 
 
 def render_page(page: Mapping[str, Any]) -> str:
     """The markdown page of a record."""
     columns = list(dict.fromkeys(c for row in page["rows"] for c in row["values"]))
+    rates = page.get("rates", {})
     with_status = any(row["status"] for row in page["rows"])
     header = ["row", *(["status"] if with_status else []), *columns]
-    rows = ([row["label"], *([row["status"] or ""] if with_status else []),
-             *(cell(row["summary"][c]) if c in row["values"] and not row["status"] else "—" for c in columns)]
+    def shown(row: Mapping[str, Any], column: str) -> str:
+        if column not in row["values"] or row["status"]:
+            return "—"
+        return (rate_cell if column in rates else cell)(row["summary"][column])
+
+    rows = ([row["label"], *([row["status"] or ""] if with_status else []), *(shown(row, c) for c in columns)]
             for row in page["rows"])
     table = format_table(header, rows, "l" * (1 + with_status) + "r" * len(columns))
-    lines = [*header_lines(page),
-             seeds_line(page["seeds"]), "", table.rstrip("\n")]
+    lines = [*header_lines(page), seeds_line(page["seeds"], [c for c in columns if c in rates]), "",
+             table.rstrip("\n")]
     if page.get("notes"):
         lines += ["", *page["notes"]]
     if page["findings"]:
+        scales = {row["label"]: row.get("scale") for row in page["rows"]}
         rows = []
         for f in page["findings"]:
-            d = f["difference"]
-            measured = "—" if d is None else f"{cell(d)} (n={d['n']})"
-            rows.append([f["paper"], f["statement"], f"{f['better']} vs {f['worse']}, {f['column']}",
-                         measured, f["verdict"]])
-        header = ["paper", "claim", "compared", "advantage", "verdict"]
+            measure = f.get("measure", "absolute")
+            rows.append([f["paper"] + (" (control)" if f.get("control") else ""), f["statement"],
+                         f"{f['better']} vs {f['worse']}, {f['column']}", f.get("paper_scale") or "—",
+                         paper_effect_text(f.get("paper_effect"), measure) + (
+                             f" ({f['source']})" if f.get("source") else ""),
+                         scale_text(scales.get(f["better"])), advantage_text(f["difference"], measure),
+                         mde_text(f.get("mde"), measure), f["verdict"]])
+        header = ["paper", "claim", "compared", "paper's scale", "paper's effect", "this lab", "advantage",
+                  "detectable", "verdict"]
         lines += ["", "## Against the papers", "",
-                  "The advantage is the claimed-better row's, paired by seed; the verdict is its interval's: "
-                  "above zero agrees, below disagrees, holding zero is inconclusive.", "",
-                  format_table(header, rows, "lllrl").rstrip("\n")]
+                  "The advantage is the claimed-better row's, paired by seed (perplexities and logits: the "
+                  "relative advantage, from the mean log ratio; rates: the difference), with its 95% "
+                  "interval. `detectable` is the smallest advantage this lab detects at its seeds and "
+                  "measured spread (a two-sided 5% test, 80% power). A verdict is given only where the "
+                  "paper's effect is detectable: above zero agrees; below zero, or an interval that "
+                  "excludes the paper's effect, disagrees; else inconclusive. A lab disagrees only beside "
+                  "a positive control (marked) that it reproduces.", "",
+                  format_table(header, rows, "lllllllrl").rstrip("\n")]
     if page.get("figure"):
         lines += ["", f"![{page['title']}]({page['figure']})"]
     return "\n".join(lines) + "\n"

@@ -10,7 +10,8 @@ import subprocess
 import pytest
 
 from nanoattn.eval import results
-from nanoattn.eval.results import Claim, interval, number, record, render_page, verdict, write_page
+from nanoattn.eval.claims import Claim, interval
+from nanoattn.eval.results import number, record, render_page, write_page
 
 # Student's t quantile for a two-sided 95% interval with 2 degrees of freedom, in closed form:
 # with 2 degrees of freedom t_p = (2p - 1) / sqrt(2 p (1 - p)).
@@ -26,30 +27,28 @@ def test_the_interval_is_students_t_over_the_seeds():
     assert interval([])["mean"] is None
 
 
-@pytest.mark.parametrize(("low", "high", "expected"), [
-    (0.1, 0.5, "agrees"), (-0.5, -0.1, "disagrees"), (-0.1, 0.5, "inconclusive"),
-    (None, None, "inconclusive")])
-def test_the_verdict_is_the_intervals_side_of_zero(low, high, expected):
-    assert verdict({"mean": 0.0, "low": low, "high": high}) == expected
-
-
 def page(better, worse, status=None, lower_is_better=True):
+    """A record of rows a and b, the claim that a beats b first; c beats b by far in every seed, the
+    positive control that lets the lab disagree."""
     claim = Claim("Paper 2024", "a beats b", "ppl", "a", "b", lower_is_better)
-    return record("demo", "Demo", "About.", [0, 1, 2], {"a": {"ppl": better}, "b": {"ppl": worse}},
-                  claims=[claim], status=status, command="python scripts/demo.py")
+    control = Claim("Control 2020", "c beats b", "ppl", "c", "b", lower_is_better, control=True)
+    control_values = [None if w is None else w * (0.5 if lower_is_better else 2) for w in worse]
+    return record("demo", "Demo", "About.", [0, 1, 2],
+                  {"a": {"ppl": better}, "b": {"ppl": worse}, "c": {"ppl": control_values}},
+                  claims=[claim, control], status=status, command="python scripts/demo.py")
 
 
 def test_a_claim_is_decided_by_paired_differences_over_the_seeds():
     # The seeds differ a lot from each other, the pairs little: pairing is what makes it decidable.
-    [agree] = page([10.0, 20.0, 30.0], [10.5, 20.4, 30.6])["findings"]
-    assert agree["verdict"] == "agrees" and agree["difference"]["mean"] == pytest.approx(0.5)
-    assert page([10.5, 20.4, 30.6], [10.0, 20.0, 30.0])["findings"][0]["verdict"] == "disagrees"
+    agree = page([10.0, 20.0, 30.0], [10.5, 21.0, 31.5])["findings"][0]
+    assert agree["verdict"] == "agrees" and math.expm1(agree["difference"]["mean"]) == pytest.approx(0.05)
+    assert page([10.5, 21.0, 31.5], [10.0, 20.0, 30.0])["findings"][0]["verdict"] == "disagrees"
     assert page([10.0, 20.0, 30.0], [10.5, 19.5, 30.1])["findings"][0]["verdict"] == "inconclusive"
     # Higher is better (accuracy): the sign turns.
-    [accuracy] = page([0.9, 0.8, 0.95], [0.5, 0.4, 0.6], lower_is_better=False)["findings"]
+    accuracy = page([0.9, 0.8, 0.95], [0.5, 0.4, 0.6], lower_is_better=False)["findings"][0]
     assert accuracy["verdict"] == "agrees"
     # A seed one row did not measure leaves the pair out; a row with a status is never judged.
-    [partial] = page([10.0, None, 30.0], [10.5, 20.4, 30.6])["findings"]
+    partial = page([10.0, None, 30.0], [10.5, 20.4, 30.6])["findings"][0]
     assert partial["difference"]["n"] == 2
     held = page([10.0, 20.0, 30.0], [10.5, 20.4, 30.6], status={"b": "not learned (0.10 at 1x)"})
     assert held["findings"][0]["verdict"] == "inconclusive (not learned (0.10 at 1x))"

@@ -45,8 +45,9 @@ from nanoattn.commands.labs.tasks import (
     TaskLabConfig,
 )
 from nanoattn.config.options import ATTENTION_VARIANTS, encoding_options
+from nanoattn.eval.claims import Claim
+from nanoattn.eval.passkey import DEFAULT_DEPTHS
 from nanoattn.eval.plots import plot_length_curves, plot_passkey
-from nanoattn.eval.results import Claim
 from nanoattn.eval.runs import is_path, load_for_eval, scaling_tag
 from nanoattn.eval.variant_heads import own_statistic
 from nanoattn.model import KVCache
@@ -164,6 +165,7 @@ LABS: dict[str, Lab] = {lab.name: lab for lab in (
         "at several depths; a cell is the exact-match rate averaged over the depths.",
         lambda cfg: [Row(name, name, (f"pos={name}",)) for name in encoding_options()],
         passkey_report, passkey_cells, plot_passkey,
+        rates=lambda cfg, column: cfg.samples * len(DEFAULT_DEPTHS) if column.startswith("acc ") else None,
         train_extra=lambda cfg, row, seed: [
             f"train.init_from={run_dir(Path(cfg.init_root), row.run, seed)}"], starts_from="extrapolation"),
     Lab("attention", "Attention variants: perplexity, price and logits",

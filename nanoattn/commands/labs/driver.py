@@ -33,6 +33,7 @@ Design choices:
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import signal
 import statistics
@@ -43,11 +44,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, NamedTuple
 
-from nanoattn.checkpoint import CheckpointError, read_checkpoint_config, read_run_config
+import torch
+
+from nanoattn.checkpoint import CheckpointError, read_checkpoint_config, read_run_config, trained_length
 from nanoattn.commands.eval_length import LengthEvalConfig
-from nanoattn.eval.results import Claim, check_page_output, git_state, record, render_page, write_page
+from nanoattn.config import ModelConfig
+from nanoattn.eval.claims import Claim, Measure, degradation_column
+from nanoattn.eval.results import check_page_output, git_state, record, render_page, write_page
 from nanoattn.eval.runs import is_path
 from nanoattn.logging import read_metrics, training_seconds
+from nanoattn.model import GPT
 from nanoattn.runtime import DTYPES, check_device_name, exclusive_lock
 from nanoattn.train.run_dir import Trainer, differing_keys, reached_accuracy
 from nanoattn.validation import check_bool, check_choice, check_positive_int, check_seed, fail
@@ -68,6 +74,9 @@ class LabRunsConfig:
     train: bool = False  # first train (or finish) every run the lab evaluates, `workers` at a time
     workers: int = 2  # trainings at once with train=true; each gets cpu_count // workers threads
     train_overrides: list[str] = dataclasses.field(default_factory=list)  # e.g. [train.max_steps=500]
+    # An earlier page of this lab (its JSON): its every seed's values judged again by this checkout's
+    # summaries and claims, nothing trained or evaluated; the page says which command measured them.
+    values_from: str | None = None
 
     def __post_init__(self) -> None:
         own = self.owner
@@ -84,7 +93,7 @@ class LabRunsConfig:
                 isinstance(o, str) and "=" in o for o in self.train_overrides):
             fail(own, "train_overrides", self.train_overrides, "must be a list of key=value overrides")
         self.train_overrides = list(self.train_overrides)
-        for name in ("runs_root", "out"):
+        for name in ("runs_root", "out", "values_from"):
             if getattr(self, name) is not None and not is_path(getattr(self, name)):
                 fail(own, name, getattr(self, name), "must be a folder or null")
         for name in ("max_tokens", "batch_size"):
@@ -126,6 +135,8 @@ class Lab:
     # Lines the page states below its table, from every row's cells (the task budget: the budget).
     notes: Callable[[Mapping[str, Mapping[str, Sequence[float | None]]]], list[str]] = lambda values: []
     experiment: str | None = None  # the experiment its runs train with; None: its name
+    # The instances behind one value of a rate column (exact match, retrieval), None for other columns.
+    rates: Callable[[Any, str], int | None] = lambda cfg, column: None
 
 
     # The lab whose runs this lab's start from (``train.init_from``), each row's at the same seed.
@@ -279,6 +290,8 @@ def run_lab(lab: Lab, cfg: LabRunsConfig, trainer: Trainer) -> dict[str, Any]:
 
 
 def _run_lab(lab: Lab, cfg: LabRunsConfig, trainer: Trainer, runs_root: Path, out: Path) -> dict[str, Any]:
+    if cfg.values_from is not None:
+        return judge_again(lab, cfg, out)
     began = time.perf_counter()
     origin = git_state()  # the code that trains and evaluates: the checkout as the lab starts
     rows = lab.rows(cfg)
@@ -297,6 +310,7 @@ def _run_lab(lab: Lab, cfg: LabRunsConfig, trainer: Trainer, runs_root: Path, ou
                          "train=true to train them")
     values: dict[str, dict[str, list[float | None]]] = {}
     status: dict[str, str] = {}
+    scales: dict[str, dict[str, int]] = {}
     figure_reports, figure_labels = [], []
     trained: dict[Path, float] = {}  # each finished run's training seconds (rows may share runs)
     for row in rows:
@@ -310,6 +324,7 @@ def _run_lab(lab: Lab, cfg: LabRunsConfig, trainer: Trainer, runs_root: Path, ou
                 continue
             reports.append(lab.evaluate(cfg, run, row))
             trained[run] = training_seconds(read_metrics(run / "metrics.jsonl"))[-1]
+            scales.setdefault(row.label, run_scale(run))
         cells = [lab.cells(r) if r is not None else None for r in reports]
         columns = list(dict.fromkeys(c for one in cells if one for c in one))
         values[row.label] = {c: [one.get(c) if one else None for one in cells] for c in columns}
@@ -321,14 +336,67 @@ def _run_lab(lab: Lab, cfg: LabRunsConfig, trainer: Trainer, runs_root: Path, ou
             figure_reports.append(mean_report(done))
             figure_labels.append(row.label)
         print(f"{row.label}: evaluated ({time.perf_counter() - began:.0f} s)", flush=True)
+    rates = {c: n for c in dict.fromkeys(c for row in values.values() for c in row)
+             if (n := lab.rates(cfg, c)) is not None}
     page = record(lab.name, lab.title, lab.about, cfg.seeds, values, claims=lab.claims, status=status,
-                  notes=lab.notes(values), wall_seconds=time.perf_counter() - began,
+                  notes=lab.notes(values), measure=Measure(rates), scales=scales,
+                  wall_seconds=time.perf_counter() - began,
                   training_seconds=sum(trained.values()), trained_runs=len(trained), **origin)
     path = write_page(out, page, figure=(lambda p: lab.plot(figure_reports, figure_labels, p))
                       if figure_reports else None, key=f"{cfg.owner}.out")
     print(render_page(page), end="")
     print(f"lab done in {time.perf_counter() - began:.0f} s; wrote {path} and its JSON")
     return page
+
+
+# What a page says of how its values were measured, kept when they are judged again.
+MEASURED = ("command", "commit", "dirty", "date", "machine", "wall_seconds", "training_seconds",
+            "trained_runs")
+
+
+def judge_again(lab: Lab, cfg: LabRunsConfig, out: Path) -> dict[str, Any]:
+    """The page of ``cfg.values_from``'s values (an earlier page of ``lab`` at the same seeds) with the
+    summaries, rates and verdicts of this checkout, and what measured them (its ``measured``)."""
+    began = time.perf_counter()
+    source = Path(cfg.values_from)
+    try:
+        earlier = json.loads(source.read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{cfg.owner}.values_from={cfg.values_from!r} cannot be read as a page: {e}"
+                         ) from None
+    if not isinstance(earlier, dict) or earlier.get("page") != lab.name or earlier.get("seeds") != cfg.seeds:
+        raise ValueError(f"{cfg.owner}.values_from={cfg.values_from!r} is invalid: must be a page of the "
+                         f"{lab.name} lab at seeds {cfg.seeds} (give its seeds)")
+    derived = tuple(degradation_column(claim.column) for claim in lab.claims if claim.degradation)
+    values = {row["label"]: {c: v for c, v in row["values"].items() if c not in derived}
+              for row in earlier["rows"]}
+    status = {row["label"]: row["status"] for row in earlier["rows"]
+              if (row["status"] or "").startswith("unfinished")}
+    status.update({label: s for label, cells in values.items() if label not in status
+                   and (s := lab.status(cells)) is not None})
+    rates = {c: n for c in dict.fromkeys(c for row in values.values() for c in row)
+             if (n := lab.rates(cfg, c)) is not None}
+    page = record(lab.name, lab.title, lab.about, cfg.seeds, values, claims=lab.claims, status=status,
+                  notes=lab.notes(values), measure=Measure(rates),
+                  scales={row["label"]: row["scale"] for row in earlier["rows"] if row.get("scale")},
+                  measured=earlier.get("measured") or {k: earlier[k] for k in MEASURED if k in earlier},
+                  **git_state())
+    if earlier.get("figure") and (out / earlier["figure"]).is_file():
+        page["figure"] = earlier["figure"]  # drawn from the runs' reports, which the values came from
+    path = write_page(out, page, key=f"{cfg.owner}.out")
+    print(render_page(page), end="")
+    print(f"judged again in {time.perf_counter() - began:.0f} s; wrote {path} and its JSON")
+    return page
+
+
+def run_scale(run: Path) -> dict[str, int]:
+    """What a finished run trained: its model's parameters, its training tokens, its training length."""
+    meta = read_checkpoint_config(run)
+    with torch.device("meta"):
+        parameters = GPT(ModelConfig.from_dict(meta["model"])).num_params()
+    tokens = [r["tokens"] for r in read_metrics(run / "metrics.jsonl") if "tokens" in r]
+    return {"parameters": parameters, "tokens": tokens[-1] if tokens else 0,
+            "train_length": trained_length(meta)}
 
 
 def training_speed(run: Path) -> float | None:

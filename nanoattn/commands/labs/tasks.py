@@ -27,8 +27,8 @@ from nanoattn.commands.labs.driver import Lab, LabRunsConfig, Report, Row, train
 from nanoattn.config import TaskConfig
 from nanoattn.config.options import ATTENTION_VARIANTS, encoding_options
 from nanoattn.data.tasks import row_inputs
+from nanoattn.eval.claims import Claim
 from nanoattn.eval.plots import plot_tasks
-from nanoattn.eval.results import Claim
 from nanoattn.eval.tasks import DEFAULT_FACTORS, DEFAULT_PER_BIN, check_bins_fit, check_factors
 from nanoattn.tasks import TASKS
 from nanoattn.validation import check_choice, check_positive_int, check_seed, fail
@@ -235,6 +235,11 @@ def addition_notes(values: Mapping[str, Mapping[str, Sequence[float | None]]]) -
             "`steps` steps."]
 
 
+def exact_rates(cfg: ScoredLabConfig, column: str) -> int | None:
+    """Instances behind an exact-match cell: the lab's ``per_bin``."""
+    return cfg.per_bin if column.startswith("exact ") else None
+
+
 def task_status(cells: Mapping[str, Sequence[float | None]]) -> str | None:
     at_1x = [v for v in cells.get("exact 1x", ()) if v is not None]
     if at_1x and statistics.fmean(at_1x) >= LEARNED:
@@ -294,7 +299,7 @@ TASK_LABS: tuple[Lab, ...] = (
         "exact match on fresh instances in size bins up to 4x that size. A row whose exact match at 1x is "
         f"below {LEARNED} did not learn its task and is not judged past it. The rows of `variants` (FoX and "
         "stick-breaking without positions, PoPE) run on `variant_tasks` only.",
-        task_rows, task_report, task_cells, plot_tasks, status=task_status, claims=(
+        task_rows, task_report, task_cells, plot_tasks, status=task_status, rates=exact_rates, claims=(
             Claim("Kazemnejad et al. 2023 (NoPE)", "NoPE generalizes better than RoPE on copy at 2x",
                   "exact 2x", "copy/nope", "copy/rope", lower_is_better=False),
             Claim("Kazemnejad et al. 2023 (NoPE)", "NoPE generalizes better than RoPE on reverse at 2x",
@@ -313,6 +318,7 @@ TASK_LABS: tuple[Lab, ...] = (
         lambda cfg: [Row(f"{task}/{pos}", f"{task}/{pos}", (f"task={task}", f"pos={pos}"))
                      for task in cfg.tasks for pos in cfg.encodings],
         calibration_report, calibration_cells, None, status=calibration_status, notes=task_budget,
+        rates=lambda cfg, column: DEFAULT_PER_BIN if column == "exact 1x" else None,
         experiment="tasks", train_extra=lambda cfg, row, seed: [f"train.max_steps={CALIBRATION_STEPS}"]),
     Lab("addition_calibration", "Calibration: 3-digit addition at Lee et al. 2023's shape",
         "One run of `configs/experiment/addition_calibration.yaml`: Lee et al. 2023's NanoGPT (6 layers, 6 "
@@ -321,7 +327,7 @@ TASK_LABS: tuple[Lab, ...] = (
         "command gave it (`steps`). Exact match is scored on fresh instances with operands of 1, 2 and 3 "
         "digits; the loss is on the answer only, theirs on every character.",
         lambda cfg: [Row("addition/learned", "addition/learned", ("task=addition", "pos=learned"))],
-        addition_report, addition_cells, plot_tasks, notes=addition_notes),
+        addition_report, addition_cells, plot_tasks, notes=addition_notes, rates=exact_rates),
     Lab("arithmetic", "Arithmetic: positions that make addition generalize",
         "Each row trains a small model on addition of operands up to D digits, every number written least "
         "significant digit first (`configs/experiment/arithmetic.yaml`), with one way of telling a digit's "
@@ -330,6 +336,7 @@ TASK_LABS: tuple[Lab, ...] = (
         "judged past it. The papers trained at 20-40 digits and tested at 100-200; here D is what the lab's "
         "CPU budget trains, so a finding says whether the direction holds at this scale.",
         arithmetic_rows, task_report, task_cells, plot_tasks, status=task_status, notes=arithmetic_notes,
+        rates=exact_rates,
         claims=(
             # Each claim: the paper's setting, then ours.
             Claim("McLeish et al. 2024 (Abacus)", "Abacus+FIRE beats FIRE at 4x (paper: trained on 20 "
