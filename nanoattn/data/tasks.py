@@ -90,7 +90,7 @@ class TaskData:
         """The instance seeded by ``words``: a size uniform in ``sizes``, filler from ``split``; with
         ``train``, its training form."""
         rng = np.random.default_rng(list(words))
-        size = int(rng.integers(sizes[0], sizes[1] + 1))
+        size = self.task.training_size(rng, *sizes) if train else int(rng.integers(sizes[0], sizes[1] + 1))
         filler = self.data.tokens(split) if self.task.uses_filler else None
         instance = self.task.instance(rng, size, filler)
         return self.task.for_training(instance, rng) if train else instance

@@ -68,6 +68,10 @@ class Task(abc.ABC):
     def max_tokens(self, size: int) -> int:
         """The most tokens an instance of ``size`` has (one token a character of text)."""
 
+    def training_size(self, rng: np.random.Generator, low: int, high: int) -> int:
+        """The size a training instance is drawn at, given the sizes allowed: uniform in [low, high]."""
+        return int(rng.integers(low, high + 1))
+
     def for_training(self, instance: Instance, rng: np.random.Generator) -> Instance:
         """The form ``instance`` is trained in: its position ids or hints from a random start drawn
         from ``rng``, for a task that has them; otherwise the instance itself."""

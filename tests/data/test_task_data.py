@@ -10,7 +10,7 @@ from nanoattn.config import TaskConfig
 from nanoattn.data import DataError, TaskData, TokenData, prepare_data
 from nanoattn.data.tasks import POOL_STREAM, TRAIN_STREAM
 from nanoattn.model import IGNORE_INDEX
-from nanoattn.tasks import TASKS, Instance, Segment
+from nanoattn.tasks import TASKS, Instance, Segment, Task
 
 
 def task_data(byte_data, name: str, train_length: int = 8) -> TaskData:
@@ -122,7 +122,7 @@ def test_a_tokenizer_without_the_tasks_characters_is_refused(tmp_path, text_conf
         TaskData(char_data, TASKS["addition"](), 4)
 
 
-class Positioned:
+class Positioned(Task):
     """A stand-in task whose instances give position ids (10, 11, ... and the answer back at 10)."""
 
     name, alphabet, min_size, uses_filler = "positioned", "ab>", 1, False
@@ -159,7 +159,7 @@ def test_a_coupled_row_of_123_plus_45_carries_its_ids(byte_data):
     data = TaskData(byte_data, task, 3)
     x, y, positions = data.rows([task.written("123", "45")])
     assert x[0].tolist() == [byte_data.eot_id, *b"123+45=861"]
-    assert positions.tolist() == [[0, 2, 3, 4, 5, 3, 4, 5, 4, 3, 2]]
-    trained = data.train_batch(0, batch_size=8, seq_len=data.seq_len, seed=0)[2]
-    shifts = trained[:, 1] - 2  # a first operand's leading digit is at 2 from start 1, whatever its size
+    assert positions.tolist() == [[0, 4, 3, 2, 1, 3, 2, 1, 2, 3, 4]]
+    x, _, trained = data.train_batch(0, batch_size=8, seq_len=data.seq_len, seed=0)
+    shifts = trained[x == ord("+")] - 1  # '+' is at 1 from start 1, whatever the operands' sizes
     assert (trained[:, 0] == 0).all() and trained.max() <= task.max_position and len(set(shifts.tolist())) > 1

@@ -4,6 +4,7 @@ then checked against an independent reading of every drawn instance."""
 
 from __future__ import annotations
 
+import collections
 import re
 
 import numpy as np
@@ -23,17 +24,50 @@ def written(task: Addition, a: str, b: str) -> tuple[str, str, tuple | None]:
 
 
 def test_position_coupling_of_123_plus_45():
-    """Cho et al.'s ids from start 1: n = 3 digits, e = 1 + 3 + 1 = 5; a digit of place j at e - 1 - j,
-    '+' and '=' at e. Units (3, 5, 8) share 4, tens (2, 4, 6) share 3, hundreds (1, 1) share 2."""
+    """Cho et al.'s ids from start 1 ("least significant digit has least position ID"): a digit of place
+    j at 2 + j, '+' and '=' at 1. Units (3, 5, 8) share 2, tens (2, 4, 6) share 3, hundreds (1, 1) 4."""
     question, answer, positions = written(Addition(position_coupling=True, max_position=20), "123", "45")
     assert (question, answer) == ("123+45=", "861")
-    assert positions == (2, 3, 4, 5,  # 1 2 3 +
-                         3, 4, 5,  # 4 5 =
-                         4, 3, 2)  # 8 6 1
+    assert positions == (4, 3, 2, 1,  # 1 2 3 +
+                         3, 2, 1,  # 4 5 =
+                         2, 3, 4)  # 8 6 1
     # Written least significant digit first, each digit keeps its place's id.
     question, answer, positions = written(Addition(position_coupling=True, max_position=20,
                                                    reversed_operands=True), "123", "45")
-    assert (question, answer, positions) == ("321+54=", "861", (4, 3, 2, 5, 4, 3, 5, 4, 3, 2))
+    assert (question, answer, positions) == ("321+54=", "861", (2, 3, 4, 1, 2, 3, 1, 2, 3, 4))
+    # The answer most significant digit first: '=' after the answer's ids, at 1 + its digits + 1.
+    assert written(Addition(position_coupling=True, max_position=20, reversed_answer=False), "123",
+                   "45")[2] == (4, 3, 2, 1, 3, 2, 5, 4, 3, 2)
+
+
+def test_the_authors_format_token_by_token():
+    """Cho et al.'s code (src/data/addition.py, AdditionDatasetWithCoupledPositions with padding=True,
+    pad_token '0', reverse_output=True) writes 12345 + 678 as ``12345+00678=320310``: the shorter operand
+    zero-padded to 5 digits and the sum 13023 to 6, reversed; ids A 6 5 4 3 2, '+' 1, B 6 5 4 3 2, '=' 1,
+    the answer 2..7 (the row's EOTs at 0, as their BOS and EOS)."""
+    task = Addition(position_coupling=True, max_position=17, zero_padded=True)
+    question, answer, positions = written(task, "12345", "678")
+    assert (question, answer) == ("12345+00678=", "320310")
+    assert positions == (6, 5, 4, 3, 2, 1, 6, 5, 4, 3, 2, 1, 2, 3, 4, 5, 6, 7)
+    assert written(task, "3", "4")[:2] == ("3+4=", "70")  # 7 padded to 2 digits: 07, reversed
+
+
+def test_independent_lengths_train_every_pair_of_operand_lengths_and_evaluate_exact_ones():
+    """In training each operand's digits are drawn on their own, uniform in [1, D] (Cho et al.; McLeish
+    et al. train on every pair); evaluation keeps both at the bin's digits."""
+    task = Addition(independent_lengths=True, zero_padded=True)
+    pairs = collections.Counter()
+    for seed in range(2000):
+        rng = np.random.default_rng(seed)
+        size = task.training_size(rng, 1, 5)
+        question = task.for_training(task.instance(rng, size), rng).segments[0].piece
+        a, b = question.rstrip("=").split("+")
+        pairs[len(a.lstrip("0") or "0"), len(b.lstrip("0") or "0")] += 1
+        assert len(a) == len(b)  # zero-padded to the longer
+    assert set(pairs) == {(i, j) for i in range(1, 6) for j in range(1, 6)}
+    assert max(pairs.values()) < 2 * min(pairs.values())  # near uniform: 80 each expected
+    evaluated = task.instance(np.random.default_rng(0), 7).segments[0].piece
+    assert [len(n) for n in evaluated.rstrip("=").split("+")] == [7, 7]
 
 
 def test_index_hints_of_123_plus_45():
@@ -76,9 +110,9 @@ def test_every_coupled_instance_gives_one_id_to_one_place(reversed_operands):
                 for place in places(number)[::-1] if reverse else places(number):
                     by_place.setdefault(place, set()).add(next(ids))
                 if operator is not None:
-                    assert next(ids) == size + 2  # '+' and '=' at e
+                    assert next(ids) == 1  # '+' and '=' at the start
             assert all(len(ids_) == 1 for ids_ in by_place.values())  # one id per place
-            assert {p: ids_.pop() for p, ids_ in by_place.items()} == {p: size + 1 - p for p in by_place}
+            assert {p: ids_.pop() for p, ids_ in by_place.items()} == {p: p + 2 for p in by_place}
 
 
 def test_training_starts_ids_and_hints_at_random_offsets_within_range():
@@ -98,7 +132,7 @@ def test_training_starts_ids_and_hints_at_random_offsets_within_range():
         moved = {HINTS.index(y) - HINTS.index(x) for x, y in zip(before, after, strict=True) if x in HINTS}
         assert len(moved) == 1 and re.sub(f"[{HINTS}]", "", before) == re.sub(f"[{HINTS}]", "", after)
         starts |= moved
-    assert shifts == set(range(30 - 7 + 1))  # 5 digits: the largest id is 7, so [0, 23]
+    assert shifts == set(range(30 - 6 + 1))  # 5 digits: the largest id 6 (7 with a last carry): [0, 24]
     assert starts == set(range(len(HINTS) - 6 + 1))  # 6 places of 52 letters: [0, 46]
 
 
