@@ -42,7 +42,7 @@ class TaskEvalConfig(ReportConfig):
 
     batch_size: int = 64  # instances per forward pass
     factors: Sequence[float] = DEFAULT_FACTORS  # bins: sizes up to factor x the training length
-    per_bin: int = DEFAULT_PER_BIN  # instances per bin (400: a 95% interval within +-5 points)
+    per_bin: int = DEFAULT_PER_BIN  # instances per bin (1,000: a 95% interval within +-3 points)
     seed: int = 0
 
     def __post_init__(self) -> None:

@@ -16,6 +16,8 @@ comparison over the seeds both rows measured (each row's seeds share every setti
   when no number of seeds would: the spread of one seed's value then exceeds the paper's effect).
 - Then the interval (Student t, 95%): above zero "agrees"; below zero "disagrees"; holding zero but
   excluding the paper's effect "disagrees" too (no effect of the paper's size); else "inconclusive".
+  Where the paper reports no number, an interval above zero "agrees in direction" and anything else
+  is "not testable": with no size to detect, no power can be claimed.
 - A premise the paper's claim rests on (PI extends a RoPE model whose perplexity rises past its
   training length) is checked on this lab's rows; absent here, the verdict says so and no more.
 - A lab says "disagrees" only beside a positive control, a claim of its own marked ``control`` that
@@ -179,7 +181,12 @@ def finding(claim: Claim, rows: Sequence[Mapping[str, Any]], measure: Measure) -
         if mean is None or mean < claim.premise.at_least:
             shown = "not measured" if mean is None else f"{mean:.3g}"
             return {**result, "verdict": f"premise absent here: {claim.premise.text} (here {shown})"}
-    if effect is not None and mde > effect:
+    if effect is None:  # the paper gives no number: only a measured advantage says anything
+        if difference["low"] > 0:
+            return {**result, "verdict": "agrees in direction (the paper reports no size to compare)"}
+        return {**result, "verdict": "not testable at this scale (the paper reports no effect size to test "
+                                     "against)"}
+    if mde > effect:
         more = (f"needs about {result['seeds_needed']} seeds at this spread" if result["seeds_needed"]
                 else "seeds alone would not: it needs a larger budget")
         return {**result, "verdict": f"not testable at this scale ({more})"}
@@ -204,7 +211,7 @@ def judge(claims: Sequence[Claim], rows: Sequence[Mapping[str, Any]],
     """Every claim's finding; a "disagrees" stands only where a positive control of the lab agrees."""
     findings = [finding(claim, rows, measure) for claim in claims]
     controls = [f for f in findings if f["control"]]
-    reproduced = any(f["verdict"] == "agrees" for f in controls)
+    reproduced = any(f["verdict"].startswith("agrees") for f in controls)
     if not reproduced:
         why = ("its positive control did not reproduce" if controls else "it has no positive control")
         findings = [{**f, "verdict": f"not testable at this scale ({why}, so a failure here cannot be told "

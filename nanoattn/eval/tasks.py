@@ -10,8 +10,8 @@ Design choices:
   bin's instances.
 - Bins are factors of the training length L: factor f covers sizes (f' L, f L] with f' the
   previous factor (the 1x bin: (L/2, L], never below the task's smallest size). ``per_bin``
-  instances each (400 by default: a 95% interval of at most +-4.9 points, the Wilson interval
-  is reported), sizes uniform in the bin, filler from the held-out split.
+  instances each (1,000 by default: a 95% interval of at most +-3.1 points, the Wilson
+  interval is reported), sizes uniform in the bin, filler from the held-out split.
 - Every instance has its own seed words ``[EVAL_STREAM, seed, bin, i]``, kept in the report with
   its size and result, so any number can be re-derived (``TaskData.draw``). The trainer's checks
   (``exact_1x``) use ``CHECK_STREAM`` in place of ``EVAL_STREAM``.
@@ -40,7 +40,7 @@ from nanoattn.tasks import EVAL_FACTORS, Task
 from nanoattn.validation import as_float, fail
 
 DEFAULT_FACTORS = EVAL_FACTORS
-DEFAULT_PER_BIN = 400
+DEFAULT_PER_BIN = 1000
 # An instance's record as Python objects (its seed words, size and result), measured with tracemalloc:
 # the report keeps every one, and writing it takes more.
 RECORD_BYTES = 320

@@ -50,6 +50,16 @@ def test_an_effect_below_what_the_lab_detects_is_not_testable_with_the_seeds_it_
     assert found["verdict"] == "disagrees (no effect of the paper's size: the interval excludes it)"
 
 
+def test_an_interval_holding_zero_and_the_papers_effect_is_inconclusive():
+    # Paired log ratios 0.10, 0.02, 0.06: the interval (-0.04, 0.16) holds 0 and the paper's 0.13, whose
+    # size this spread can detect (0.124).
+    claim = Claim("P", "a beats b", "ppl", "a", "b", effect=math.expm1(0.13), control=True)
+    b = [100 * math.exp(d) for d in (0.10, 0.02, 0.06)]
+    [found] = judge([claim], rows(a={"ppl": [100.0] * 3}, b={"ppl": b}), Measure())
+    assert found["mde"] < 0.13 < found["difference"]["high"] and found["difference"]["low"] < 0
+    assert found["verdict"] == "inconclusive"
+
+
 def test_a_lab_disagrees_only_beside_a_positive_control_it_reproduces():
     measured = rows(a={"ppl": [110.0, 120.0, 130.0]}, b={"ppl": [100.0, 110.0, 120.0]},
                     c={"ppl": [90.0, 100.0, 110.0]})
@@ -68,8 +78,8 @@ def test_a_length_claim_compares_degradation_and_the_page_shows_it_beside_the_le
     # a is better at 16x only because it is better at 1x: it degrades more.
     values = {"a": {"ppl 1x": [50.0, 52.0, 51.0], "ppl 16x": [100.0, 105.0, 101.0]},
               "b": {"ppl 1x": [80.0, 81.0, 82.0], "ppl 16x": [120.0, 122.0, 121.0]}}
-    level = Claim("P", "a at 16x", "ppl 16x", "a", "b", control=True)
-    change = Claim("P", "a degrades less", "ppl 16x", "a", "b", degradation=True, control=True)
+    level = Claim("P", "a at 16x", "ppl 16x", "a", "b", effect=0.1, control=True)
+    change = Claim("P", "a degrades less", "ppl 16x", "a", "b", degradation=True, effect=0.1)
     page = record("demo", "Demo", "About.", [0, 1, 2], values, claims=[level, change], command="x")
     assert [f["verdict"] for f in page["findings"]] == ["agrees", "disagrees"]
     assert page["findings"][1]["column"] == "ppl 16x / 1x"
@@ -78,9 +88,20 @@ def test_a_length_claim_compares_degradation_and_the_page_shows_it_beside_the_le
     assert "| ppl 16x | ppl 16x / 1x |" in render_page(page)
 
 
+def test_a_paper_without_a_number_is_agreed_with_in_direction_at_most():
+    claim = Claim("P", "a beats b", "ppl", "a", "b", control=True)
+    better = rows(a={"ppl": [10.0, 20.0, 30.0]}, b={"ppl": [11.0, 22.0, 33.0]})
+    assert judge([claim], better, Measure())[0]["verdict"] == (
+        "agrees in direction (the paper reports no size to compare)")
+    worse = rows(a={"ppl": [11.0, 22.0, 33.0]}, b={"ppl": [10.0, 20.0, 30.0]})
+    assert judge([claim], worse, Measure())[0]["verdict"].startswith("not testable at this scale (the paper "
+                                                                     "reports no effect size")
+
+
 def test_a_claim_whose_premise_is_absent_here_says_so():
     premise = Premise("base", "ppl 4x / 1x", 2.0, "RoPE's perplexity rises past its training length")
-    claim = Claim("Chen 2023", "PI at 4x beats RoPE", "ppl 4x", "pi", "base", premise=premise, control=True)
+    claim = Claim("Chen 2023", "PI at 4x beats RoPE", "ppl 4x", "pi", "base", premise=premise, effect=0.5,
+                  control=True)
     measured = rows(pi={"ppl 1x": [80.0, 81.0, 79.0], "ppl 4x": [90.0, 91.0, 95.0]},
                     base={"ppl 1x": [76.0, 77.0, 78.0], "ppl 4x": [80.0, 82.0, 83.0]})
     [found] = judge([claim], measured, Measure())

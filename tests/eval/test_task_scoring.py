@@ -79,7 +79,7 @@ def test_the_commands_configs_are_their_dataclasses(eval_schemas):
     assert evaluation == TaskEvalConfig(ckpt="runs/x", factors=[1, 2]) and evaluation.factors == (1.0, 2.0)
     lab = from_dict(TaskLabConfig, _compose("task_lab", ["encodings=[rope,fire]"]), owner="task_lab")
     assert lab.tasks == list(TASK_LAB_TASKS) and lab.encodings == ["rope", "fire"]
-    assert lab.factors == list(DEFAULT_FACTORS) and lab.per_bin == 400
+    assert lab.factors == list(DEFAULT_FACTORS) and lab.per_bin == 1000
     assert TaskLabConfig().encodings == list(TASK_LAB_ENCODINGS)
 
 

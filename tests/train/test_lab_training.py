@@ -72,21 +72,23 @@ def test_the_task_lab_trains_every_pair_at_every_seed_then_publishes_its_page(tm
 
 def test_the_arithmetic_lab_trains_its_rows_then_publishes_its_page(tmp_path, tiny_config, as_overrides,
                                                                     trainer):
-    overrides = lab_overrides(tiny_config, as_overrides, tmp_path, "~recipe", max_steps=3)
-    cfg = ArithmeticLabConfig(rows=["abacus_fire", "coupling_ape"], digits=2, seeds=[0], train=True,
+    # The experiment's layers stay: the paper's row has its own 1.
+    overrides = lab_overrides(tiny_config, as_overrides, tmp_path, "~recipe", "model.n_layer=", max_steps=3)
+    cfg = ArithmeticLabConfig(rows=["abacus_fire", "coupling_paper"], digits=2, seeds=[0], train=True,
                               per_bin=8, factors=[1, 4], runs_root=str(tmp_path / "runs"),
                               train_overrides=overrides)
     page = run_lab(LABS["arithmetic"], cfg, trainer)
     rows = {row["label"]: row for row in page["rows"]}
-    assert list(rows) == ["abacus_fire", "coupling_ape"]
+    assert list(rows) == ["abacus_fire", "coupling_paper"]
     assert all(row["status"].startswith("not learned (") for row in rows.values())  # three steps
-    assert {f["better"] for f in page["findings"]} >= {"abacus_fire", "coupling_ape"}
+    assert {f["better"] for f in page["findings"]} >= {"abacus_fire", "coupling_paper"}
     assert (tmp_path / "runs" / "arithmetic.md").is_file()
     runs = tmp_path / "runs"
-    config = yaml.safe_load((runs / "coupling_ape" / "seed0" / "config.yaml").read_text())
-    assert config["task"] | {"name": "addition", "train_length": 2, "reversed_operands": True,
-                             "position_coupling": True} == config["task"]
-    assert config["model"]["pos"] == "learned"
+    config = yaml.safe_load((runs / "coupling_paper" / "seed0" / "config.yaml").read_text())
+    assert config["task"] | {"name": "addition", "train_length": 2, "reversed_operands": False,
+                             "position_coupling": True, "zero_padded": True,
+                             "independent_lengths": True} == config["task"]
+    assert config["model"]["pos"] == "learned" and config["model"]["n_layer"] == 1
     abacus = yaml.safe_load((runs / "abacus_fire" / "seed0" / "config.yaml").read_text())["model"]
     assert abacus["abacus"] and abacus["abacus_digits"] == list(b"0123456789") and abacus["pos"] == "fire"
 

@@ -32,7 +32,7 @@ def test_a_tiny_model_learns_copy_at_length_8_and_the_report_re_derives_every_in
     assert report["task"] == {"name": "copy", "train_length": 8, "curriculum_steps": 0,
                               "train_examples": None, "reversed_answer": True, "reversed_operands": False,
                               "ignore_prob": 0.8, "position_coupling": False, "max_position": None,
-                              "index_hints": False}
+                              "index_hints": False, "independent_lengths": False, "zero_padded": False}
     saved = json.loads((run / "task_eval.json").read_text())
     data = TaskData(TokenData(run_data_dir(resolve_checkpoint(run))), TaskConfig(name="copy").build(), 8)
     for record in saved["results"][1]["records"][:20]:

@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 
 from nanoattn.commands.eval_length import LengthEvalConfig, run_length_eval
 from nanoattn.commands.eval_passkey import PasskeyEvalConfig, run_passkey_eval
+from nanoattn.commands.labs import papers
 from nanoattn.commands.labs.driver import (
     Lab,
     LabRunsConfig,
@@ -45,7 +46,6 @@ from nanoattn.commands.labs.tasks import (
     TaskLabConfig,
 )
 from nanoattn.config.options import ATTENTION_VARIANTS, encoding_options
-from nanoattn.eval.claims import Claim
 from nanoattn.eval.passkey import DEFAULT_DEPTHS
 from nanoattn.eval.plots import plot_length_curves, plot_passkey
 from nanoattn.eval.runs import is_path, load_for_eval, scaling_tag
@@ -149,16 +149,8 @@ ABOUT_PERPLEXITY = (
 
 LABS: dict[str, Lab] = {lab.name: lab for lab in (
     Lab("extrapolation", "Length extrapolation: perplexity past the training length", ABOUT_PERPLEXITY,
-        extrapolation_rows, perplexity_report, perplexity_cells, plot_length_curves, claims=(
-            Claim("Press et al. 2022 (ALiBi)", "ALiBi's perplexity at 16x is below sinusoidal's", "ppl 16x",
-                  "alibi", "sinusoidal"),
-            Claim("Press et al. 2022 (ALiBi)", "ALiBi's perplexity at 16x is below RoPE's", "ppl 16x",
-                  "alibi", "rope"),
-            Claim("Chen et al. 2023 (PI)", "zero-shot PI (x4) at 4x is below plain RoPE at 4x", "ppl 4x",
-                  "rope+linear4", "rope"),
-            Claim("Peng et al. 2023 (YaRN)", "zero-shot YaRN (x4) at 4x is below zero-shot PI (x4)", "ppl 4x",
-                  "rope+yarn4", "rope+linear4"),
-        )),
+        extrapolation_rows, perplexity_report, perplexity_cells, plot_length_curves,
+        claims=papers.EXTRAPOLATION),
     Lab("passkey", "Passkey retrieval past the training length",
         "Each row fine-tunes the extrapolation lab's run of one encoding on passkey retrieval at its "
         "training length (`configs/experiment/passkey.yaml`), then asks for the key at 1-16x that length, "
@@ -180,30 +172,7 @@ LABS: dict[str, Lab] = {lab.name: lab for lab in (
         "sigmoid's weight sum and the sinks' mass. The `pope` row is the plain block with PoPE for RoPE.",
         lambda cfg: [*(Row(name, name, (f"attention={name}",)) for name in ATTENTION_VARIANTS),
                      *(Row(name, name, (f"pos={name}",)) for name in ATTENTION_LAB_ENCODINGS)],
-        attention_report, attention_cells, plot_length_curves, claims=(
-            Claim("Ye et al. 2024 (Differential Transformer)", "differential attention's perplexity at the "
-                  "training length is below the plain block's", "ppl 1x", "diff", "plain"),
-            Claim("Dehghani et al. 2023; OLMo 2 (QK-norm)", "QK-norm keeps the largest attention logit below "
-                  "the plain block's", "max logit", "qk_norm", "plain"),
-            Claim("Jiang et al. 2023 (Mistral)", "a sliding window keeps perplexity at 16x below the plain "
-                  "block's", "ppl 16x", "window", "plain"),
-            Claim("Qiu et al. 2025 (gated attention)", "the output gate's perplexity at the training "
-                  "length is below the plain block's", "ppl 1x", "gate", "plain"),
-            Claim("Nakanishi 2025 (Scalable-Softmax)", "SSMax keeps perplexity at 16x below the plain "
-                  "block's", "ppl 16x", "ssmax", "plain"),
-            Claim("Zhai 2026 (exclusive self-attention)", "XSA's perplexity at the training length is below "
-                  "the plain block's", "ppl 1x", "xsa", "plain"),
-            Claim("Allen-Zhu 2025 (Canon layers)", "canon layers' perplexity at the training length is below "
-                  "the plain block's", "ppl 1x", "canon", "plain"),
-            Claim("Lin et al. 2025 (Forgetting Transformer)", "FoX without positions has a lower perplexity "
-                  "at 16x than the plain block with RoPE", "ppl 16x", "fox", "plain"),
-            Claim("Tan et al. 2025 (stick-breaking)", "stick-breaking without positions has a lower "
-                  "perplexity at 16x than softmax with RoPE", "ppl 16x", "stick_breaking", "plain"),
-            Claim("Leviathan et al. 2024 (selective attention)", "selective attention's perplexity at the "
-                  "training length is below the plain block's", "ppl 1x", "selective", "plain"),
-            Claim("Gopalakrishnan et al. 2025 (PoPE)", "PoPE extrapolates without fine-tuning: its "
-                  "perplexity at 16x is below RoPE's", "ppl 16x", "pope", "plain"),
-        )),
+        attention_report, attention_cells, plot_length_curves, claims=papers.ATTENTION),
     *TASK_LABS,
 )}
 

@@ -23,11 +23,11 @@ from typing import ClassVar
 
 from nanoattn.checkpoint import read_checkpoint_config
 from nanoattn.commands.eval_task import TaskEvalConfig, run_task_eval
+from nanoattn.commands.labs import papers
 from nanoattn.commands.labs.driver import Lab, LabRunsConfig, Report, Row, training_speed
 from nanoattn.config import TaskConfig
 from nanoattn.config.options import ATTENTION_VARIANTS, encoding_options
 from nanoattn.data.tasks import row_inputs
-from nanoattn.eval.claims import Claim
 from nanoattn.eval.plots import plot_tasks
 from nanoattn.eval.tasks import DEFAULT_FACTORS, DEFAULT_PER_BIN, check_bins_fit, check_factors
 from nanoattn.tasks import TASKS
@@ -68,6 +68,10 @@ ARITHMETIC_ROWS: dict[str, tuple[str, ...]] = {
     "random_rope": ("pos=rope", "train.random_positions={longest}"),
     "coupling_ape": ("pos=learned", "task.position_coupling=true"),
     "coupling_rope": ("pos=rope", "task.position_coupling=true"),
+    # The lab's positive control: position coupling in Cho et al.'s own setting, the format of their code
+    # (operands most significant digit first, zero-padded; the sum reversed) and their 1-layer shape.
+    "coupling_paper": ("pos=learned", "task.position_coupling=true", "task.zero_padded=true",
+                       "task.reversed_operands=false", "model.n_layer=1"),
     "hints_nope": ("pos=nope", "task.index_hints=true"),
 }
 
@@ -77,7 +81,7 @@ class ScoredLabConfig(LabRunsConfig):
     """The keys of a lab that scores tasks by exact match in size bins."""
 
     factors: list[float] = dataclasses.field(default_factory=lambda: list(DEFAULT_FACTORS))
-    per_bin: int = DEFAULT_PER_BIN  # instances per size bin (400: a 95% interval within +-5 points)
+    per_bin: int = DEFAULT_PER_BIN  # instances per size bin (1,000: a 95% interval within +-3 points)
     eval_seed: int = 0  # the evaluation instances' seed
     batch_size: int = 64  # instances per forward pass
 
@@ -299,16 +303,8 @@ TASK_LABS: tuple[Lab, ...] = (
         "exact match on fresh instances in size bins up to 4x that size. A row whose exact match at 1x is "
         f"below {LEARNED} did not learn its task and is not judged past it. The rows of `variants` (FoX and "
         "stick-breaking without positions, PoPE) run on `variant_tasks` only.",
-        task_rows, task_report, task_cells, plot_tasks, status=task_status, rates=exact_rates, claims=(
-            Claim("Kazemnejad et al. 2023 (NoPE)", "NoPE generalizes better than RoPE on copy at 2x",
-                  "exact 2x", "copy/nope", "copy/rope", lower_is_better=False),
-            Claim("Kazemnejad et al. 2023 (NoPE)", "NoPE generalizes better than RoPE on reverse at 2x",
-                  "exact 2x", "reverse/nope", "reverse/rope", lower_is_better=False),
-            Claim("Golovneva et al. 2024 (CoPE)", "CoPE generalizes better than RoPE on counting at 2x",
-                  "exact 2x", "counting/cope", "counting/rope", lower_is_better=False),
-            Claim("Golovneva et al. 2024 (CoPE)", "CoPE generalizes better than RoPE on selective copy at 2x",
-                  "exact 2x", "selective_copy/cope", "selective_copy/rope", lower_is_better=False),
-        )),
+        task_rows, task_report, task_cells, plot_tasks, status=task_status, rates=exact_rates,
+        claims=papers.TASKS),
     Lab("task_budget", "The task lab's step budget: steps to learn each task",
         "Each row trains the task lab's run of one task and encoding (`configs/experiment/tasks.yaml`) until "
         f"its exact match at 1x reaches `train.stop_at_accuracy` or step {CALIBRATION_STEPS:,}, and reports "
@@ -337,21 +333,5 @@ TASK_LABS: tuple[Lab, ...] = (
         "CPU budget trains, so a finding says whether the direction holds at this scale.",
         arithmetic_rows, task_report, task_cells, plot_tasks, status=task_status, notes=arithmetic_notes,
         rates=exact_rates,
-        claims=(
-            # Each claim: the paper's setting, then ours.
-            Claim("McLeish et al. 2024 (Abacus)", "Abacus+FIRE beats FIRE at 4x (paper: trained on 20 "
-                  "digits, near-perfect at 100; here D digits, scored at 4D)", "exact 4x", "abacus_fire",
-                  "fire", lower_is_better=False),
-            Claim("McLeish et al. 2024 (Abacus)", "Abacus beats NoPE at 2x (paper: Abacus alone against "
-                  "NoPE, 20 digits trained)", "exact 2x", "abacus", "nope", lower_is_better=False),
-            Claim("Cho et al. 2024 (position coupling)", "coupled ids beat NoPE at 4x (paper: a 1-layer "
-                  "model, 30 digits trained, 200 tested; here D digits)", "exact 4x",
-                  "coupling_ape", "nope", lower_is_better=False),
-            Claim("Ruoss et al. 2023 (randomized positions)", "randomized RoPE beats RoPE at 2x (paper: "
-                  "scored at random positions too; here at 0..T-1)", "exact 2x", "random_rope", "rope",
-                  lower_is_better=False),
-            Claim("Zhou et al. 2023 (index hints)", "index hints beat plain NoPE at 2x (paper: hints as "
-                  "tokens of their own; here the letters a..Z)", "exact 2x", "hints_nope", "nope",
-                  lower_is_better=False),
-        )),
+        claims=papers.ARITHMETIC),
 )
