@@ -900,6 +900,50 @@ def forget_gate_row(log_f: torch.Tensor):
     return weigh
 
 
+def head_rms(x: torch.Tensor, weight: torch.Tensor, heads: int, eps: float) -> torch.Tensor:
+    """RMSNorm of each head of x [B, T, heads * dh] over its channels, a gain per channel: FoX's
+    GroupNorm with one group a head."""
+    grouped = x.view(*x.shape[:-1], heads, -1)
+    return (grouped * torch.rsqrt(grouped.square().mean(-1, keepdim=True) + eps)).reshape(x.shape) * weight
+
+
+def fox_shift(raw: torch.Tensor, alpha: torch.Tensor, heads: int) -> torch.Tensor:
+    """FoX's ShiftLinear: k_t = alpha_t k~_{t-1} + (1 - alpha_t) k~_t per head, k~_{-1} = 0."""
+    grouped = raw.view(*raw.shape[:-1], heads, -1)
+    previous = F.pad(grouped, (0, 0, 0, 0, 1, 0))[:, :-1]
+    return (alpha[..., None] * previous + (1 - alpha[..., None]) * grouped).reshape(raw.shape)
+
+
+def fox_pro_paper() -> float:
+    """The Pro block of Lin et al.'s code (ForgettingAttentionLayer with the output gate, output norm,
+    QK-norm and key/value shift on, no RoPE, QK-norm gains shared across heads as their released runs),
+    written out from the layer's weights in float64 on its normalised input; MHA, as the authors'."""
+    attn, cfg = layer(4, **at_test_size("fox_pro"))
+    x = randn(2, TOKENS, 32, seed=1)
+    w = {name: p.detach().double() for name, p in attn.named_parameters()}
+    H, D, eps = 4, 32, cfg.norm_eps
+    xd = x.double()
+    q, k, v = F.linear(xd, w["qkv.weight"]).split(D, dim=-1)
+    a = torch.sigmoid(F.linear(xd, w["kv_shift.proj.weight"]))  # [B, T, 2H]: the keys' a, then the values'
+    k, v = fox_shift(k, a[..., :H], H), fox_shift(v, a[..., H:], H)
+    q = head_rms(q, w["qk_norm.q.weight"].repeat(H), H, eps)
+    k = head_rms(k, w["qk_norm.k.weight"].repeat(H), H, eps)
+    log_f = F.logsigmoid(F.linear(xd, w["forget_gate.proj.weight"], w["forget_gate.proj.bias"]))
+    c = log_f.cumsum(1).transpose(1, 2)  # [B, H, T]
+    q, k, v = (t.view(2, TOKENS, H, -1).transpose(1, 2) for t in (q, k, v))
+    s = q @ k.transpose(-1, -2) / math.sqrt(D // H) + c[..., :, None] - c[..., None, :]
+    o = (causal_softmax(s) @ v).transpose(1, 2).reshape(2, TOKENS, D)
+    gate = torch.sigmoid(F.linear(xd, w["output_gate.proj.weight"]))
+    expected = F.linear(head_rms(o, w["output_norm.weight"], H, eps) * gate, w["proj.weight"])
+    with torch.no_grad():
+        ours = attn(x, build_positional(cfg).for_layer(0), torch.arange(TOKENS), TOKENS)[0]
+        unshifted = Attention(ModelConfig(**{**cfg.to_dict(), "kv_shift": False})).eval()
+        unshifted.load_state_dict({n: p for n, p in attn.state_dict().items() if "kv_shift" not in n})
+        acts(ours, unshifted(x, build_positional(cfg).for_layer(0), torch.arange(TOKENS), TOKENS)[0],
+             "the key/value shift")
+    return float((ours.double() - expected).abs().max())
+
+
 def stick_breaking_paper() -> float:
     """NoPE, ALiBi and a window of 5; MHA, GQA and MQA."""
     worst = 0.0
@@ -1331,6 +1375,10 @@ ROWS: dict[str, Row] = {
               "x-transformers starts the gate's bias at 5 (gates near 1), FoX and nanoattn at 0: compared "
               "with nanoattn's gate weights and bias copied. Its query head h reads K/V head h mod "
               "n_kv_head, nanoattn's h // (n_head / n_kv_head): compared at MHA and MQA, where both agree"))),
+    "fox_pro": Row(VARIANT, "Lin et al. 2025 (Forgetting Transformer, the Pro block), arXiv:2503.02130", (
+        Check("the Pro layer of the authors' code (zhixuan-lin/forgetting-transformer), in float64",
+              "attention layer output, MHA, the gate, norms and shift away from their starts", fox_pro_paper,
+              SPREAD_LAYER, "the authors' code is not packaged; their MLP at 3.5 d_model is left out"),)),
     "stick_breaking": Row(VARIANT, "Tan et al. 2025, arXiv:2410.17980", (
         Check(WRITTEN_OUT, "attention layer output and weights, NoPE, ALiBi and a window of 5, MHA, GQA "
               "and MQA", stick_breaking_paper, SPREAD_LAYER,

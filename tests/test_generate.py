@@ -77,16 +77,28 @@ def new_tokens(pos: str) -> int:
     return MAX_SEQ_LEN - PROMPT if pos == "learned" else 2 * MAX_SEQ_LEN - PROMPT
 
 
+def same_greedy_tokens(model: GPT, idx: torch.Tensor, n: int, greedy: dict) -> torch.Tensor:
+    """Greedy decoding with and without the cache, in lockstep: the same tokens at every step, but for
+    a step whose two best penalized logits tie within rounding (a random model's coincidence), after
+    which the two sequences may take either token and part. Returns the cached tokens."""
+    cached, recomputed = (Decoding(model, idx, n, use_cache=cache, **greedy) for cache in (True, False))
+    for _ in range(n):
+        first, second = next(cached), next(recomputed)
+        if not torch.equal(first, second):
+            row = int((first != second).nonzero()[0])
+            scores = apply_repetition_penalty(recomputed.last_logits, recomputed.idx[:, :-1], PENALTY)[row]
+            assert abs(float(scores[first[row]] - scores[second[row]])) < 1e-5, (first, second)
+            break
+    return cached.tokens
+
+
 def check_cached_decoding(model: GPT) -> None:
     """Greedy (with a repetition penalty) and seeded
     sampling give the same tokens with and without the cache; every cached step's logits
     equal those of recomputing the whole sequence so far."""
     idx, n = prompt(), new_tokens(model.cfg.pos)
     greedy = dict(temperature=0, repetition_penalty=PENALTY)
-    cached = generate(model, idx, n, **greedy)
-    assert cached.shape == (2, PROMPT + n)
-    assert len(set(cached[0, PROMPT:].tolist())) > 5  # a varied sequence, not one token repeated
-    assert torch.equal(cached, generate(model, idx, n, use_cache=False, **greedy))
+    assert same_greedy_tokens(model, idx, n, greedy).shape == (2, PROMPT + n)
     sampled = [generate(model, idx, n, use_cache=use_cache, generator=torch.Generator().manual_seed(3))
                for use_cache in (True, False)]
     assert torch.equal(sampled[0], sampled[1])
@@ -103,6 +115,8 @@ def check_cached_decoding(model: GPT) -> None:
 def test_cached_decoding_equals_recomputation(pos, layout):
     model = tiny(pos, LAYOUTS[layout])
     check_cached_decoding(model)
+    tokens = generate(model, prompt(), new_tokens(pos), temperature=0, repetition_penalty=PENALTY)
+    assert len(set(tokens[0, PROMPT:].tolist())) > 5  # a varied sequence, not one token repeated
     # For every encoding whose rotation does not depend on the length, a cached step also equals
     # one full forward pass of the final sequence at that position (causality).
     decoding = Decoding(model, prompt(), new_tokens(pos), temperature=0, repetition_penalty=PENALTY)
@@ -155,7 +169,7 @@ REFUSED_PAIRS = {("qk_norm", "mla"), ("qk_norm_after", "mla"), ("sinks", "diff")
                  ("mla", "value_embeds"), ("sinks", "stick_breaking"), ("sinks", "sigmoid"), ("diff", "fox"),
                  ("diff", "stick_breaking"), ("diff", "sigmoid"), ("mla", "fox"), ("mla", "stick_breaking"),
                  ("diff", "xsa"), ("window", "selective"), ("local_global", "selective"),
-                 ("diff", "selective")}
+                 ("diff", "selective"), ("diff", "fox_pro"), ("mla", "fox_pro"), ("mla", "sigmoid")}
 # Every pair of variants, less two values of one field (window and local_global...), which are one choice.
 PAIRS = [pair for pair in itertools.combinations(VARIANTS, 2) if not alternatives(*pair)]
 INTERACTING = [(first, second) for first, second in PAIRS if stages(first) & stages(second)]

@@ -50,6 +50,8 @@ STAGES: dict[str, frozenset[str]] = {
     "attn_gate": frozenset({OUTPUT}),
     "ssmax": frozenset({SCORES}),
     "xsa": frozenset({OUTPUT, QKV}),  # reads each token's own value
+    "attn_output_norm": frozenset({OUTPUT}),
+    "kv_shift": frozenset({QKV, CACHE}),  # the cache keeps the newest raw key and value
     "canon": frozenset({INPUT, CACHE}),  # the cache keeps each layer's latest inputs
     "forget_gate": frozenset({SCORES, CACHE}),  # a decay of the scores, log gates in the cache
     "attn_fn": frozenset({SCORES}),

@@ -106,6 +106,11 @@ class ModelConfig:
     ssmax: bool = False
     # Exclusive self-attention (Zhai 2026): each output minus its projection on the token's own value.
     xsa: bool = False
+    # FoX Pro (Lin et al. 2025): RMSNorm of each head's output (a gain per channel) before the output gate.
+    attn_output_norm: bool = False
+    # FoX Pro's key/value shift: k_t = a_t k_{t-1} + (1 - a_t) k_t over the raw projections, a = sigma(x w)
+    # per K/V head and token, values alike with their own a; the cache keeps the newest raw key and value.
+    kv_shift: bool = False
     # Canon layers (Allen-Zhu 2025, Canon-A): 0 = off; else the width of a causal depthwise convolution,
     # with a residual, of every attention block's normalised input (token shift: width 2, on the embeddings).
     canon: int = 0
@@ -282,8 +287,14 @@ class ModelConfig:
     def _check_output_variants(self) -> None:
         """The gate, Scalable-Softmax, exclusive self-attention and canon layers (``model/gates.py``)."""
         check_choice("model", "attn_gate", self.attn_gate, ATTN_GATES)
-        for name in ("ssmax", "xsa"):
+        for name in ("ssmax", "xsa", "attn_output_norm", "kv_shift"):
             check_bool("model", name, getattr(self, name))
+        if self.attn_output_norm and self.diff_attn:
+            fail("model", "attn_output_norm", True, "cannot be combined with diff_attn=True: a differential "
+                 "head is normalised already, over its pair of values")
+        if self.kv_shift and self.mla_kv_rank is not None:
+            fail("model", "kv_shift", True, f"cannot be combined with mla_kv_rank={self.mla_kv_rank}: it "
+                 "shifts each head's own key and value projections; latent attention's come from a latent")
         if not (is_int(self.canon) and self.canon != 1 and 0 <= self.canon <= self.max_seq_len):
             fail("model", "canon", self.canon, "must be 0 (off) or a convolution width from 2 (the token and "
                  f"width - 1 before it) to max_seq_len={self.max_seq_len}: a wider one's taps never see a "

@@ -73,9 +73,15 @@ ATTENTION_VARIANTS: dict[str, Fields] = {
     "canon": dict(canon=4),  # Allen-Zhu 2025 (Canon-A): a width-4 causal depthwise convolution, residual
     # FoX (Lin et al. 2025): a data-dependent forget gate decays the scores; NoPE, the paper's setting.
     "fox": dict(forget_gate=True, pos="nope"),
+    # FoX Pro (Lin et al. 2025's Pro block): FoX with an output gate, output norm, QK-norm and the key/value
+    # shift; their MLP narrowed to 3.5 d_model to pay for the gates is left out.
+    "fox_pro": dict(forget_gate=True, pos="nope", attn_gate="elementwise", attn_output_norm=True,
+                    qk_norm="before_rope", kv_shift=True),
     # Tan et al. 2025: each earlier key takes sigma(s) of what the nearer keys left; NoPE, as the paper.
     "stick_breaking": dict(attn_fn="stick_breaking", pos="nope"),
-    "sigmoid": dict(attn_fn="sigmoid"),  # Ramapuram et al. 2024: sigma(s - log n) per key, unnormalised
+    # Ramapuram et al. 2024: sigma(s - log n) per key, unnormalised, with QK-norm as in every config of
+    # theirs; the LayerScale and hybrid-norm their 1B runs add are left out.
+    "sigmoid": dict(attn_fn="sigmoid", qk_norm="before_rope"),
     "selective": dict(selective_attn=True),  # Leviathan et al. 2024: head 0's logits mask tokens for later
 }
 

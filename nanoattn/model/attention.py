@@ -62,7 +62,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from nanoattn.model.cache import KVCache, StreamingCache
-from nanoattn.model.gates import ExcludeSelf, OutputGate, ScalableSoftmax
+from nanoattn.model.gates import ExcludeSelf, KVShift, OutputGate, OutputNorm, QKNorm, ScalableSoftmax
 from nanoattn.model.kernels import (
     CAUSAL_QUERY_BLOCK,
     Linear,
@@ -99,29 +99,6 @@ def softcap(x: torch.Tensor, cap: float | None) -> torch.Tensor:
     return x if cap is None else cap * torch.tanh(x / cap)
 
 
-class QKNorm(nn.Module):
-    """RMSNorm of every query and key head over head_dim, one gain for the queries and one for the
-    keys shared by all heads (Qwen 3's q_norm / k_norm). The output keeps the input's dtype."""
-
-    def __init__(self, cfg) -> None:
-        super().__init__()
-        self.split = [cfg.n_head, cfg.n_kv_head]
-        self.q = nn.RMSNorm(cfg.head_dim, eps=cfg.norm_eps)
-        self.k = nn.RMSNorm(cfg.head_dim, eps=cfg.norm_eps)
-
-    def forward(self, qk: torch.Tensor) -> torch.Tensor:
-        """qk [B, H + Hkv, T, D] -> the same shape, each head normalised."""
-        # In the weights' dtype: torch's fused RMSNorm refuses bf16 heads with float32 weights (a
-        # warning, then a composite path whose output, rounded back to bf16, is the same).
-        q, k = qk.to(self.q.weight.dtype).split(self.split, dim=1)
-        return torch.cat([self.q(q), self.k(k)], dim=1).to(qk.dtype)
-
-    def side(self, x: torch.Tensor, side: str) -> torch.Tensor:
-        """Queries (side 'q') or keys ('k') alone, [B, heads, T, D]."""
-        norm = getattr(self, side)
-        return norm(x.to(norm.weight.dtype)).to(x.dtype)
-
-
 class CausalAttention(nn.Module, abc.ABC):
     """The part every attention shares: causal softmax(q.k / sqrt(d)) v over heads [B, H, T, D] (or
     the layer's other score function), with the encoding's bias, the forget gates' decay, the window,
@@ -147,6 +124,7 @@ class CausalAttention(nn.Module, abc.ABC):
         self.largest_logit: torch.Tensor | None = None
         self.ssmax = ScalableSoftmax(cfg, self.window) if cfg.ssmax else None
         self.exclude_self = ExcludeSelf() if cfg.xsa else None
+        self.output_norm = OutputNorm(cfg) if cfg.attn_output_norm else None
         self.output_gate = OutputGate(cfg) if cfg.attn_gate != "none" else None
 
     def forward(
@@ -177,6 +155,8 @@ class CausalAttention(nn.Module, abc.ABC):
         y, weights = self._heads(q, k, v, positions, k_positions, pos, layer, return_weights)
         if self.exclude_self is not None:
             y = self.exclude_self(y, v[:, :, -x.shape[1]:])  # the new tokens' own values, the newest
+        if self.output_norm is not None:
+            y = self.output_norm(y)
         if self.output_gate is not None:
             y = self.output_gate(x, y)
         return self._project(y, head_mask), weights
@@ -317,6 +297,7 @@ class Attention(CausalAttention):
         # Value embeddings' (a, b) in v = a v + b e[token], from modded-nanogpt's (0.5, 0.5).
         fed = cfg.layer_value_embed[layer] is not None
         self.value_mix = nn.Parameter(torch.full((2,), 0.5)) if fed else None
+        self.kv_shift = KVShift(cfg, layer) if cfg.kv_shift else None
         self.differential = cfg.diff_attn
         if self.differential:
             # Ye et al. 2024: lambda = exp(lq1 . lk1) - exp(lq2 . lk2) + lambda_init, vectors drawn
@@ -333,6 +314,10 @@ class Attention(CausalAttention):
         heads = self.qkv(x).view(B, T, H + 2 * Hkv, D).transpose(1, 2)  # [B, H + 2 Hkv, T, D]: q | k | v
         # split_with_sizes, not split: Tensor.split's Python wrapper is paid per layer and token in decoding
         qk, v = heads.split_with_sizes([H + Hkv, Hkv], dim=1)  # v: [B, Hkv, T, D]
+        if self.kv_shift is not None:
+            q, k = qk.split_with_sizes([H, Hkv], dim=1)
+            k, v = self.kv_shift(x, k, v, cache)
+            qk = torch.cat([q, k], dim=1)
         if value_embed is not None:
             mix = self.value_mix.to(v.dtype)
             v = mix[0] * v + mix[1] * value_embed.to(v.dtype).view(B, T, Hkv, D).transpose(1, 2)

@@ -82,11 +82,14 @@ class _LayerBuffers:
     last_embedding: torch.Tensor | None = None
     # With canon layers: each layer's newest canon - 1 inputs [B, canon - 1, d_model] (gates.Canon).
     canon_inputs: list[torch.Tensor | None]
+    # With kv_shift: each layer's newest raw key and value [B, 2 n_kv_head, 1, head_dim] (gates.KVShift).
+    shift_inputs: list[torch.Tensor | None]
 
     def _allocate(self, cfg, batch_size: int, slots: list[int], device, dtype: torch.dtype,
                   what: str, mapped_keys: bool) -> None:
         device = torch.device(device) if device is not None else torch.get_default_device()
         self.canon_inputs = [None] * cfg.n_layer
+        self.shift_inputs = [None] * cfg.n_layer
         if cfg.mla_kv_rank is None:
             key_widths = [REGISTRY[name].key_width(cfg.head_dim) if mapped_keys else cfg.head_dim
                           for name in cfg.layer_pos]

@@ -49,6 +49,29 @@ from torch import nn
 from nanoattn.model.kernels import Linear
 
 
+class QKNorm(nn.Module):
+    """RMSNorm of every query and key head over head_dim, one gain for the queries and one for the
+    keys shared by all heads (Qwen 3's q_norm / k_norm). The output keeps the input's dtype."""
+
+    def __init__(self, cfg) -> None:
+        super().__init__()
+        self.split = [cfg.n_head, cfg.n_kv_head]
+        self.q = nn.RMSNorm(cfg.head_dim, eps=cfg.norm_eps)
+        self.k = nn.RMSNorm(cfg.head_dim, eps=cfg.norm_eps)
+
+    def forward(self, qk: torch.Tensor) -> torch.Tensor:
+        """qk [B, H + Hkv, T, D] -> the same shape, each head normalised."""
+        # In the weights' dtype: torch's fused RMSNorm refuses bf16 heads with float32 weights (a
+        # warning, then a composite path whose output, rounded back to bf16, is the same).
+        q, k = qk.to(self.q.weight.dtype).split(self.split, dim=1)
+        return torch.cat([self.q(q), self.k(k)], dim=1).to(qk.dtype)
+
+    def side(self, x: torch.Tensor, side: str) -> torch.Tensor:
+        """Queries (side 'q') or keys ('k') alone, [B, heads, T, D]."""
+        norm = getattr(self, side)
+        return norm(x.to(norm.weight.dtype)).to(x.dtype)
+
+
 class OutputGate(nn.Module):
     def __init__(self, cfg) -> None:
         super().__init__()
@@ -62,6 +85,45 @@ class OutputGate(nn.Module):
         B, T, _ = x.shape
         gate = torch.sigmoid(self.proj(x)).view(B, T, self.heads, -1).transpose(1, 2)  # [B, heads, T, 1 | Dv]
         return y * gate.to(y.dtype)
+
+
+class OutputNorm(nn.Module):
+    """FoX Pro's output normalisation: RMSNorm of each head's output over its values, with a gain per
+    channel of the d_model the heads make together (the authors' GroupNorm with one group a head)."""
+
+    def __init__(self, cfg) -> None:
+        super().__init__()
+        self.heads, self.eps = cfg.attention_heads, cfg.norm_eps
+        self.weight = nn.Parameter(torch.ones(cfg.d_model))
+
+    def forward(self, y: torch.Tensor) -> torch.Tensor:
+        """y [B, heads, T, Dv] -> each head normalised, in y's dtype (the mean square in float32)."""
+        z = y.float() * torch.rsqrt(y.float().square().mean(-1, keepdim=True) + self.eps)
+        return (z * self.weight.view(self.heads, 1, -1)).to(y.dtype)
+
+
+class KVShift(nn.Module):
+    """FoX Pro's data-dependent shift of keys and values: k_t = a_t k_{t-1} + (1 - a_t) k_t with
+    a = sigma(x w) per K/V head and token from the attention's input, the values with their own a,
+    over the raw projections (before QK-norm and any rotation), k_{-1} = 0. Initialised as every linear
+    layer (a near 1/2), as the authors'. With a cache, the previous token's raw key and value are the
+    newest ones it holds (``KVCache.shift_inputs``)."""
+
+    def __init__(self, cfg, layer: int) -> None:
+        super().__init__()
+        self.layer, self.heads = layer, cfg.n_kv_head
+        self.proj = Linear(cfg.d_model, 2 * cfg.n_kv_head, bias=False)  # a for the keys, then the values
+
+    def forward(self, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache=None):
+        """x [B, T, d_model]; k, v [B, Hkv, T, D] raw -> (k, v) shifted."""
+        raw = torch.cat([k, v], dim=1)  # [B, 2 Hkv, T, D]
+        held = cache is not None and cache.length > 0
+        before = cache.shift_inputs[self.layer].to(raw.dtype) if held else raw.new_zeros(raw[:, :, :1].shape)
+        if cache is not None:
+            cache.shift_inputs[self.layer] = raw[:, :, -1:].clone()
+        previous = torch.cat([before, raw[:, :, :-1]], dim=2)  # [B, 2 Hkv, T, D]: each token's predecessor
+        a = torch.sigmoid(self.proj(x).float()).transpose(1, 2)[..., None].to(raw.dtype)  # [B, 2 Hkv, T, 1]
+        return (a * previous + (1 - a) * raw).split(self.heads, dim=1)
 
 
 class ScalableSoftmax(nn.Module):

@@ -20,7 +20,8 @@ from nanoattn import GPT, KVCache, ModelConfig, generate
 from nanoattn.generate import Decoding
 from nanoattn.model import Attention
 from nanoattn.model import attention as attention_module
-from nanoattn.model.attention import QKNorm, softcap
+from nanoattn.model.attention import softcap
+from nanoattn.model.gates import QKNorm
 from nanoattn.positional import build_positional
 
 
