@@ -24,6 +24,8 @@ class LengthEvalConfig(AtLengthsConfig):
 
     owner = "eval_length"
     report_stem = REPORT_STEM
+    # Another protocol's report goes beside the chunked one: <stem>_sliding_stride64.json, ...
+    file_keys = {"mode": "", "stride": "stride", "n_sink": "sink"}
 
     # chunks: windows end to end | sliding: advanced by stride, the last stride scored | streaming:
     # StreamingLLM, the whole stream through a cache of each length, n_sink of it the first tokens

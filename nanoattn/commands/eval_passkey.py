@@ -25,7 +25,7 @@ class PasskeyEvalConfig(AtLengthsConfig):
 
     owner = "eval_passkey"
     report_stem = REPORT_STEM
-    file_keys = ("seed",)  # another seed's report goes beside: <stem>_seed<k>.json
+    file_keys = {"seed": "seed"}  # another seed's report goes beside: <stem>_seed<k>.json
 
     depths: Sequence[float] = DEFAULT_DEPTHS  # where the key sits: 0 = start of the context, 1 = the end
     samples: int = 20  # keys (each with its own filler) per length and depth

@@ -38,7 +38,7 @@ class TaskEvalConfig(ReportConfig):
 
     owner = "eval_task"
     report_stem = REPORT_STEM
-    file_keys = ("seed",)  # another seed's report goes beside: <stem>_seed<k>.json
+    file_keys = {"seed": "seed"}  # another seed's report goes beside: <stem>_seed<k>.json
 
     batch_size: int = 64  # instances per forward pass
     factors: Sequence[float] = DEFAULT_FACTORS  # bins: sizes up to factor x the training length

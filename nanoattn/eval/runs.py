@@ -86,7 +86,8 @@ class ReportConfig(CheckpointEvalConfig):
     """An evaluation of a checkpoint, optionally under a zero-shot RoPE scaling, written as a report."""
 
     report_stem: ClassVar[str]  # set by each command's config: <run dir>/<report_stem>[...].json
-    file_keys: ClassVar[tuple[str, ...]] = ()  # keys named in the default file away from their default
+    # Keys named in the default file away from their default, each by its tag ("" : its value alone).
+    file_keys: ClassVar[dict[str, str]] = {}
 
     batch_size: int = 4  # windows (or samples) per forward pass
     dtype: str = "float32"  # auto | float32 | bfloat16 | float16: autocast, the weights stay float32
@@ -117,7 +118,8 @@ class ReportConfig(CheckpointEvalConfig):
         if self.out is not None:
             return Path(self.out)
         defaults = {f.name: f.default for f in dataclasses.fields(self)}
-        tags = [f"{key}{getattr(self, key)}" for key in self.file_keys if getattr(self, key) != defaults[key]]
+        tags = [f"{tag}{getattr(self, key)}" for key, tag in self.file_keys.items()
+                if getattr(self, key) != defaults[key]]
         return default_output(self.ckpt, self.rope_scaling, self.report_stem, tags)
 
     def label(self) -> str:

@@ -256,6 +256,19 @@ def test_report_from_a_run_directory(prepared, tmp_path, capsys):
     assert report["results"][1]["loss"] == pytest.approx(direct)
 
 
+def test_chunked_and_sliding_reports_of_one_run_stand_side_by_side(prepared, tmp_path):
+    """A sliding evaluation replaced the chunked report of the same run before; each protocol (and each
+    stride) now has a file of its own, named by what differs from the default."""
+    run = save_run(tmp_path / "rope_run", "rope", prepared)
+    chunks = run_length_eval(LengthEvalConfig(ckpt=str(run), lengths=[64], max_tokens=256, plot=False))
+    sliding = run_length_eval(LengthEvalConfig(ckpt=str(run), lengths=[64], max_tokens=256, plot=False,
+                                               mode="sliding", stride=16))
+    assert json.loads((run / "length_eval.json").read_text()) == chunks
+    assert json.loads((run / "length_eval_sliding_stride16.json").read_text()) == sliding
+    assert chunks["mode"] == "chunks" and sliding["mode"] == "sliding"
+    assert sliding["results"][0]["loss"] != chunks["results"][0]["loss"]
+
+
 def test_rope_scaling_override_names_its_file_and_changes_the_model(prepared, tmp_path):
     run = save_run(tmp_path / "rope_run", "rope", prepared)
     plain = run_length_eval(LengthEvalConfig(ckpt=str(run), lengths=[128], max_tokens=256, plot=False))
