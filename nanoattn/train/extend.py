@@ -18,6 +18,8 @@ extension, all before anything is written:
   original length. Scalings replace each other and never stack, so extending 128 -> 512 -> 2048
   is factor 4, then factor 16 over the same 128.
 - ``train.seq_len`` is longer than the checkpoint's training length.
+- The checkpoint is ``ckpt``, the key every command that starts from a checkpoint takes; train.py's
+  ``train.init_from`` names it too (one of the two, or both alike).
 
 The run directory is an ordinary one; its checkpoints carry the scaling in ``config.json`` and
 ``train_seq_len`` = the new length, so ``load_checkpoint`` and the scripts use it as trained.
@@ -47,9 +49,14 @@ def extension_config(cfg: Mapping[str, Any]) -> RunConfig:
     """Validate a context extension (a RunConfig as a mapping) and return the run it trains."""
     values = copy.deepcopy(dict(cfg))
     train_values = dict(values.get("train") or {})
-    source = train_values.get("init_from")
+    ckpt, source = values.pop("ckpt", None), train_values.get("init_from")
+    if ckpt is not None and source is not None and str(ckpt) != str(source):
+        raise ValueError(f"ckpt={ckpt!r} and train.init_from={source!r} name two checkpoints: give one")
+    source = ckpt or source
     if not source:
-        raise ValueError("train.init_from is missing: set it to the checkpoint or run directory to extend")
+        raise ValueError("ckpt is missing: set it to the checkpoint or run directory to extend "
+                         "(ckpt=runs/...)")
+    values["train"] = train_values = {**train_values, "init_from": str(source)}
     meta = read_checkpoint_config(source)
     trained = ModelConfig.from_dict(meta.get("model") or {})
     if not trained.rotary:
@@ -89,5 +96,6 @@ def extension_config(cfg: Mapping[str, Any]) -> RunConfig:
 
 
 def extend_context(cfg: Mapping[str, Any]) -> Path:
-    """Fine-tune ``train.init_from`` at ``train.seq_len`` under ``model.rope_scaling``; the run directory."""
+    """Fine-tune ``ckpt`` (or ``train.init_from``, the same key as train.py's) at ``train.seq_len`` under
+    ``model.rope_scaling``; the run directory."""
     return train(extension_config(cfg))

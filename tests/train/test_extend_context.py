@@ -154,7 +154,10 @@ def compose_extension(overrides: list[str]) -> dict[str, Any]:
 
 
 def test_the_shipped_recipe(base_run):
-    run = extension_config(compose_extension([f"train.init_from={base_run}"]))
+    run = extension_config(compose_extension([f"ckpt={base_run}"]))  # as every command names a checkpoint
+    assert run == extension_config(compose_extension([f"train.init_from={base_run}"]))  # as train.py does
+    with pytest.raises(ValueError, match=r"^ckpt='\S+' and train.init_from='elsewhere' name two checkpoints"):
+        extension_config(compose_extension([f"ckpt={base_run}", "train.init_from=elsewhere"]))
     assert run.model.rope_scaling == normalize_rope_scaling(
         {"type": "yarn", "factor": 4.0, "original_max_seq_len": BASE_LEN}, 512)
     assert run.seq_len == run.model.max_seq_len == 512
@@ -234,7 +237,7 @@ def test_a_checkpoint_without_a_rotary_layer_is_refused(data, tmp_path, pos):
     (lambda run: run["model"].update(rope_theta=1e6), "model.rope_theta cannot be set"),
     (lambda run: run["train"].update(seq_len=BASE_LEN), f"train.seq_len={BASE_LEN} is invalid"),
     (lambda run: run["train"].pop("seq_len"), "train.seq_len is missing"),
-    (lambda run: run["train"].pop("init_from"), "train.init_from is missing"),
+    (lambda run: run["train"].pop("init_from"), "ckpt is missing: set it to the checkpoint"),
     (lambda run: run["model"].update(rope_scaling={"type": "yarn", "factor": 0.5}),
      "model.rope_scaling.factor=0.5"),
 ], ids=["no-scaling", "model-field", "not-longer", "no-seq-len", "no-init-from", "bad-factor"])
@@ -246,7 +249,7 @@ def test_bad_extensions_are_one_line_errors(base_run, data, tmp_path, change, na
 
 def test_script_reports_a_refusal_in_one_line(base_run, tmp_path):
     result = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "extend_context.py"), f"train.init_from={base_run}",
+        [sys.executable, str(REPO / "scripts" / "extend_context.py"), f"ckpt={base_run}",
          "model.rope_scaling.type=dynamic", f"out_dir={tmp_path / 'ext'}"],
         capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert result.returncode == 1
