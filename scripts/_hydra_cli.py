@@ -208,6 +208,43 @@ def guarded(main: Callable[[], Any], errors: tuple[type[BaseException], ...] = (
         main()
 
 
+HELP_FLAGS = ("--help", "-h")
+
+
+def script_help(name: str, doc: str) -> str:
+    """What ``--help`` prints for the script of ``configs/<name>.yaml``: its docstring ``doc`` (what it
+    does, an example), the groups its config composes with their options and default, and every key
+    with its default (Hydra's own text listed every group of configs/, used or not; ``--hydra-help``
+    still shows it)."""
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=CONFIG_PATH, version_base="1.3"):
+            cfg = compose(config_name=name, return_hydra_config=True)
+            loader = GlobalHydra.instance().config_loader()
+            choices = {group: choice for group, choice in cfg.hydra.runtime.choices.items()
+                       if not group.startswith("hydra") and not group.endswith("_schema")}
+            groups = [f"  {group}: {', '.join(sorted(loader.get_group_options(group)))} (default: {choice})"
+                      for group, choice in sorted(choices.items())]
+            with open_dict(cfg):
+                del cfg["hydra"]
+            keys = OmegaConf.to_yaml(cfg)
+    finally:
+        GlobalHydra.instance().clear()
+    parts = [doc.strip(), ""]
+    if groups:
+        parts += ["Groups (group=option):", *groups, ""]
+    parts += ["Keys (key=value; --cfg job prints them as composed):", keys.rstrip()]
+    return "\n".join(parts) + "\n"
+
+
+def help_asked(name: str) -> bool:
+    """Print ``script_help`` when the command line asks for it (True: then the script stops)."""
+    if HELP_FLAGS[0] not in sys.argv[1:] and HELP_FLAGS[1] not in sys.argv[1:]:
+        return False
+    print(script_help(name, sys.modules["__main__"].__doc__ or f"scripts/{name}.py"), end="")
+    return True
+
+
 def to_values(cfg: DictConfig) -> dict[str, Any]:
     return OmegaConf.to_container(cfg, resolve=True)
 
@@ -221,7 +258,11 @@ def command(name: str, schema: type, run: Callable[[Any], Any]) -> Callable[[], 
         with one_line_errors():
             run(from_dict(schema, to_values(cfg), owner=name))
 
-    return lambda: guarded(main)
+    def script() -> None:
+        if not help_asked(name):
+            guarded(main)
+
+    return script
 
 
 def check_choices(hydra_cfg: DictConfig) -> None:
@@ -396,6 +437,8 @@ def training_command(name: str, schema: dict[str, Any], run: Callable[[dict[str,
                 hydra_dir.rmdir()
 
     def script() -> None:
+        if help_asked(name):
+            return
         with one_line_errors(errors):
             check_sweep_composes(name, sys.argv[1:])
         guarded(main, errors)
