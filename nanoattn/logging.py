@@ -189,6 +189,8 @@ class WandbLogger:
             if mode == "offline":
                 note(f"wandb: offline run in {Path(self._run.dir).parent}; upload it with: "
                      f"wandb sync {Path(self._run.dir).parent}")
+        except ModuleNotFoundError:
+            note("wandb: not installed (pip install -e '.[wandb]'); training goes on, metrics.jsonl complete")
         except Exception as e:  # any wandb failure must leave training running
             self._fail(e)
 
