@@ -22,6 +22,7 @@ import os
 import secrets
 import socket
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -104,15 +105,26 @@ def truncate_metrics(path: str | Path, step: int) -> None:
     write_atomic(path, "".join(json.dumps(r, allow_nan=True) + "\n" for r in kept))
 
 
+def duration_text(seconds: float) -> str:
+    """``1h02m``, ``3m05s`` or ``42s``."""
+    m, s = divmod(int(round(seconds)), 60)
+    h, m = divmod(m, 60)
+    return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s" if m else f"{s}s"
+
+
 def _fmt(value: float) -> str:
     return f"{value:.4f}" if math.isfinite(value) else str(value)
 
 
 class ConsoleLogger:
+    """A progress bar with its rate and ETA on a terminal; elsewhere (a log file, a lab's run) a line a
+    record, with the step of the total and the ETA at the rate so far."""
+
     def __init__(self, total_steps: int, initial_step: int = 0) -> None:
         self._bar = tqdm(total=total_steps, initial=initial_step, unit="step", dynamic_ncols=True,
                          file=sys.stderr) if sys.stderr.isatty() else None
-        self._step = initial_step
+        self._step = self._first = initial_step
+        self._total, self._began = total_steps, time.perf_counter()
 
     def log(self, record: dict[str, Any]) -> None:
         step = record["step"]
@@ -121,7 +133,11 @@ class ConsoleLogger:
         if self._bar is None:
             train = (f"train_loss {_fmt(record['train_loss'])}, lr {record['lr']:.2e}, "
                      f"{record['tok_per_s']:,.0f} tok/s" if "train_loss" in record else "")
-            note(f"step {step}: " + "; ".join(part for part in (train, val) if part))
+            done = step - self._first
+            left = (time.perf_counter() - self._began) / done * (self._total - step) if done > 0 else None
+            where = f"step {step}/{self._total} ({step / self._total:.0%}" + (
+                f", ETA {duration_text(left)})" if left is not None else ")")
+            note(f"{where}: " + "; ".join(part for part in (train, val) if part))
             return
         if val:
             note(f"step {step}: {val}")

@@ -112,15 +112,19 @@ def test_a_logged_in_user_without_network_goes_offline(tmp_path, monkeypatch):
     assert nl.wandb_mode() == "offline"
 
 
-def test_the_console_without_a_terminal_prints_one_line_per_record(capsys):
+def test_the_console_without_a_terminal_prints_one_line_per_record_with_its_eta(capsys, monkeypatch):
+    clock = iter([100.0, 110.0, 120.0])  # the start, then 10 s a record: 5 steps in 10 s, 5 more to go
+    monkeypatch.setattr(nl.time, "perf_counter", lambda: next(clock))
     console = nl.ConsoleLogger(total_steps=10)
     console.log({"step": 5, "train_loss": 2.5, "lr": 1e-3, "tokens": 10, "tok_per_s": 1234.0})
     console.log({"step": 10, "train_loss": 2.0, "lr": 1e-4, "tokens": 20, "tok_per_s": 1000.0,
                  "val_loss": 2.1, "val_bpb": 1.2})
     console.close()
     lines = capsys.readouterr().err.splitlines()
-    assert lines == ["step 5: train_loss 2.5000, lr 1.00e-03, 1,234 tok/s",
-                     "step 10: train_loss 2.0000, lr 1.00e-04, 1,000 tok/s; val_loss 2.1000, val_bpb 1.2000"]
+    assert lines == ["step 5/10 (50%, ETA 10s): train_loss 2.5000, lr 1.00e-03, 1,234 tok/s",
+                     "step 10/10 (100%, ETA 0s): train_loss 2.0000, lr 1.00e-04, 1,000 tok/s; "
+                     "val_loss 2.1000, val_bpb 1.2000"]
+    assert nl.duration_text(3725) == "1h02m" and nl.duration_text(185) == "3m05s"
 
 
 def test_training_seconds_sum_each_log_windows_tokens_over_its_rate_and_skip_evaluations():

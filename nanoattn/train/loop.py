@@ -64,7 +64,7 @@ from nanoattn.config import RunConfig
 from nanoattn.data import bits_per_byte
 from nanoattn.data.tasks import CHECK_STREAM
 from nanoattn.eval.tasks import DEFAULT_PER_BIN, evaluate_task
-from nanoattn.logging import make_logger, note, truncate_metrics
+from nanoattn.logging import duration_text, make_logger, note, truncate_metrics
 from nanoattn.model import GPT
 from nanoattn.runtime import (
     autocast,
@@ -129,11 +129,6 @@ def train(cfg: RunConfig | dict[str, Any]) -> Path:
         # group still exists, not at interpreter exit after the group is gone.
         gc.collect()
         distributed.shutdown(dist)
-
-
-def _fmt_duration(seconds: float) -> str:
-    m, s = divmod(int(round(seconds)), 60)
-    return f"{m}m{s:02d}s" if m else f"{s}s"
 
 
 class _Run:
@@ -261,6 +256,9 @@ class _Run:
         count = int(window["count"])
         bad = window["bad"].to(self.device)  # any non-finite gradient norm in the window
         grad_norm = torch.zeros((), device=self.device)
+        if self.compiled:
+            self.say("compiling the training step: its first call traces and compiles it (seconds to a "
+                     f"minute; the kernels are cached in {use_compile_cache()} for later runs)")
         self._started = t0 = time.perf_counter()
         window_start = start
         last_val: dict[str, float] = {}
@@ -286,8 +284,7 @@ class _Run:
                 bad |= ~torch.isfinite(grad_norm)
                 step += 1
                 if self.compiled and step == start + 1:
-                    self.say(f"first step, compilation included: {time.perf_counter() - t0:.1f} s "
-                             f"(the kernels are cached in {use_compile_cache()} for later runs)")
+                    self.say(f"first step, compilation included: {time.perf_counter() - t0:.1f} s")
 
                 final = step == t.max_steps
                 # Under DDP the ranks agree on stopping through a collective, once per log window.
@@ -380,5 +377,5 @@ class _Run:
         seconds = time.perf_counter() - self._started
         tokens = (step - start) * self.tokens_per_step
         val = f"; val_loss {last_val['val_loss']:.4f}, val_bpb {last_val['val_bpb']:.4f}" if last_val else ""
-        self.say(f"done: step {step}/{self.t.max_steps}, {tokens:,} tokens in {_fmt_duration(seconds)} "
+        self.say(f"done: step {step}/{self.t.max_steps}, {tokens:,} tokens in {duration_text(seconds)} "
                  f"({tokens / max(seconds, 1e-9):,.0f} tok/s){val}; run dir {self.run_dir}")
