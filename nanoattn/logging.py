@@ -23,9 +23,9 @@ import secrets
 import socket
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 from urllib.parse import urlparse
 
 from tqdm import tqdm
@@ -33,6 +33,8 @@ from tqdm import tqdm
 from nanoattn.config import LoggerConfig
 from nanoattn.runtime import note, write_atomic
 from nanoattn.validation import is_int
+
+T = TypeVar("T")
 
 
 class Logger(Protocol):
@@ -103,6 +105,20 @@ def truncate_metrics(path: str | Path, step: int) -> None:
         return
     kept = [r for r in read_metrics(path) if r["step"] <= step]
     write_atomic(path, "".join(json.dumps(r, allow_nan=True) + "\n" for r in kept))
+
+
+def with_progress(items: Sequence[T], what: str) -> Iterator[T]:
+    """Each of ``items`` in turn, with a bar (rate, ETA) on a terminal; elsewhere a line as each is
+    done: ``<what>: k/n done in <time>, ETA <time>`` at the rate so far."""
+    if sys.stderr.isatty():
+        yield from tqdm(items, desc=what, file=sys.stderr, dynamic_ncols=True, leave=False)
+        return
+    began = time.perf_counter()
+    for done, item in enumerate(items, 1):
+        yield item
+        elapsed = time.perf_counter() - began
+        note(f"{what}: {done}/{len(items)} done in {duration_text(elapsed)}, "
+             f"ETA {duration_text(elapsed / done * (len(items) - done))}")
 
 
 def duration_text(seconds: float) -> str:

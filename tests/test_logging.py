@@ -131,3 +131,12 @@ def test_training_seconds_sum_each_log_windows_tokens_over_its_rate_and_skip_eva
     records = [{"step": 10, "tokens": 100, "tok_per_s": 50.0}, {"step": 10, "val_loss": 2.0},
                {"step": 20, "tokens": 300, "tok_per_s": 100.0}]
     assert nl.training_seconds(records) == [2.0, 2.0, 4.0]
+
+
+def test_a_long_loop_off_a_terminal_says_how_far_it_is_and_when_it_ends(capsys, monkeypatch):
+    clock = iter([0.0, 30.0, 60.0, 90.0])  # the start, then 30 s an item
+    monkeypatch.setattr(nl.time, "perf_counter", lambda: next(clock))
+    assert list(nl.with_progress([128, 256, 512], "length_eval (chunks)")) == [128, 256, 512]
+    assert capsys.readouterr().err.splitlines() == [
+        "length_eval (chunks): 1/3 done in 30s, ETA 1m00s", "length_eval (chunks): 2/3 done in 1m00s, ETA 30s",
+        "length_eval (chunks): 3/3 done in 1m30s, ETA 0s"]

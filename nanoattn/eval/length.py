@@ -57,6 +57,7 @@ from typing import Any, NamedTuple
 import torch
 
 from nanoattn.data import TokenData, bits_per_byte
+from nanoattn.logging import with_progress
 from nanoattn.model import StreamingCache, check_streamable
 from nanoattn.runtime import DTYPES, autocast, autocast_dtype, synchronize
 from nanoattn.validation import as_float, check_choice, check_positive_int, fail, is_int
@@ -196,7 +197,7 @@ def evaluate_lengths(model, tokens: torch.Tensor, lengths: Sequence[int], *, mod
                              f"{lengths[0]}")
     device = next(model.parameters()).device
     results, per_position, per_position_length = [], [], None
-    for length in lengths:
+    for length in with_progress(lengths, f"length_eval ({mode})"):
         window_stride = length if mode == "chunks" else stride or max(1, length // 2)
         result = LengthResult(length=length, stride=window_stride)
         memory = PeakMemory(device)

@@ -52,7 +52,7 @@ from nanoattn.config import ModelConfig
 from nanoattn.eval.claims import Claim, Measure, degradation_column
 from nanoattn.eval.results import check_page_output, git_state, record, render_page, write_page
 from nanoattn.eval.runs import is_path
-from nanoattn.logging import read_metrics, training_seconds
+from nanoattn.logging import duration_text, read_metrics, training_seconds, with_progress
 from nanoattn.model import GPT
 from nanoattn.runtime import DTYPES, check_device_name, exclusive_lock
 from nanoattn.train.run_dir import Trainer, differing_keys, reached_accuracy
@@ -227,7 +227,7 @@ def train_runs(command: Sequence[str], jobs: Mapping[Path, Sequence[str]], worke
     env = {**os.environ, "OMP_NUM_THREADS": threads}
     pending = [run for run in jobs if not is_finished(run)]
     running: dict[Path, tuple[subprocess.Popen, Any, float]] = {}
-    failed = []
+    failed, ended, started = [], 0, time.perf_counter()
 
     def interrupted(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt  # SIGTERM would end the lab without its finally, orphaning the trainings
@@ -249,8 +249,11 @@ def train_runs(command: Sequence[str], jobs: Mapping[Path, Sequence[str]], worke
                     log.close()
                     del running[run]
                     done = is_finished(run)
+                    ended += 1
+                    left = (time.perf_counter() - started) / ended * (len(pending) + len(running))
                     print(f"{run}: {'trained' if done else 'stopped'} in {time.perf_counter() - began:.0f} s "
-                          f"(exit {process.returncode})", flush=True)
+                          f"(exit {process.returncode}); {ended} of {ended + len(pending) + len(running)} "
+                          f"runs, ETA {duration_text(left)}", flush=True)
                     if process.returncode or not done:
                         failed.append(run)
     finally:
@@ -313,7 +316,7 @@ def _run_lab(lab: Lab, cfg: LabRunsConfig, trainer: Trainer, runs_root: Path, ou
     scales: dict[str, dict[str, int]] = {}
     figure_reports, figure_labels = [], []
     trained: dict[Path, float] = {}  # each finished run's training seconds (rows may share runs)
-    for row in rows:
+    for row in with_progress(rows, f"{lab.name} lab: rows evaluated"):
         reports, unfinished = [], []
         for seed in cfg.seeds:
             run = run_dir(runs_root, row.run, seed)
@@ -335,7 +338,6 @@ def _run_lab(lab: Lab, cfg: LabRunsConfig, trainer: Trainer, runs_root: Path, ou
         if done and lab.plot is not None:
             figure_reports.append(mean_report(done))
             figure_labels.append(row.label)
-        print(f"{row.label}: evaluated ({time.perf_counter() - began:.0f} s)", flush=True)
     rates = {c: n for c in dict.fromkeys(c for row in values.values() for c in row)
              if (n := lab.rates(cfg, c)) is not None}
     page = record(lab.name, lab.title, lab.about, cfg.seeds, values, claims=lab.claims, status=status,
