@@ -138,5 +138,6 @@ def test_a_long_loop_off_a_terminal_says_how_far_it_is_and_when_it_ends(capsys, 
     monkeypatch.setattr(nl.time, "perf_counter", lambda: next(clock))
     assert list(nl.with_progress([128, 256, 512], "length_eval (chunks)")) == [128, 256, 512]
     assert capsys.readouterr().err.splitlines() == [
-        "length_eval (chunks): 1/3 done in 30s, ETA 1m00s", "length_eval (chunks): 2/3 done in 1m00s, ETA 30s",
+        "length_eval (chunks): 1/3 done in 30s, ETA 1m00s",
+        "length_eval (chunks): 2/3 done in 1m00s, ETA 30s",
         "length_eval (chunks): 3/3 done in 1m30s, ETA 0s"]
