@@ -199,8 +199,8 @@ def test_each_task_composes_into_the_task_suites_run(task):
             cfg.train.head_lr_scale) == ("muon", 0.001, "cosine", True, 1.0)
     # The rate does not depend on the budget: a run that learns stops where the calibration's did.
     assert cfg.train.decay_steps is not None
-    # A run ends once it has learned its task by the task lab's measure.
-    assert cfg.train.stop_at_accuracy == LEARNED
+    # A run ends once it has learned its task past the bar the lab judges it by, so a status is no coin flip.
+    assert LEARNED < cfg.train.stop_at_accuracy < 1
 
 
 @pytest.mark.parametrize("lab", sorted(LAB_JOBS))

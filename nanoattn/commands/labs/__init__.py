@@ -20,17 +20,12 @@ from typing import Any, ClassVar
 from nanoattn.commands.eval_length import LengthEvalConfig, run_length_eval
 from nanoattn.commands.eval_passkey import PasskeyEvalConfig, run_passkey_eval
 from nanoattn.commands.labs import papers
-from nanoattn.commands.labs.driver import (
-    Lab,
-    LabRunsConfig,
-    Report,
-    Row,
-    Trainer,
+from nanoattn.commands.labs.driver import Lab, LabRunsConfig, Report, Row, Trainer, run_lab
+from nanoattn.commands.labs.runs import (
     is_finished,
     lab_jobs,
     largest_attention_logit,
     run_dir,
-    run_lab,
     train_runs,
     training_speed,
 )

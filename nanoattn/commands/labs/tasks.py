@@ -24,7 +24,8 @@ from typing import ClassVar
 from nanoattn.checkpoint import read_checkpoint_config
 from nanoattn.commands.eval_task import TaskEvalConfig, run_task_eval
 from nanoattn.commands.labs import papers
-from nanoattn.commands.labs.driver import Lab, LabRunsConfig, Report, Row, training_speed
+from nanoattn.commands.labs.driver import Lab, LabRunsConfig, Report, Row
+from nanoattn.commands.labs.runs import training_speed
 from nanoattn.config import TaskConfig
 from nanoattn.config.options import ATTENTION_VARIANTS, encoding_options
 from nanoattn.data.tasks import row_inputs
