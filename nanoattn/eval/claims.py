@@ -14,8 +14,9 @@ comparison over the seeds both rows measured (each row's seeds share every setti
   5% test finds four times in five. A claim whose paper reports an effect below it is "not testable
   at this scale", with the seeds that would detect the paper's effect at the measured spread (none
   when no number of seeds would: the spread of one seed's value then exceeds the paper's effect).
-- Then the interval (Student t, 95%): above zero "agrees"; below zero "disagrees"; holding zero but
-  excluding the paper's effect "disagrees" too (no effect of the paper's size); else "inconclusive".
+- Then the interval (Student t, 95%): above zero "agrees" (in direction only, said so, where it lies
+  wholly below the paper's effect); below zero "disagrees"; holding zero but excluding the paper's
+  effect "disagrees" too (no effect of the paper's size); else "inconclusive".
   Where the paper reports no number, an interval above zero "agrees in direction" and anything else
   is "not testable": with no size to detect, no power can be claimed.
 - A premise the paper's claim rests on (PI extends a RoPE model whose perplexity rises past its
@@ -190,6 +191,9 @@ def finding(claim: Claim, rows: Sequence[Mapping[str, Any]], measure: Measure) -
         more = (f"needs about {result['seeds_needed']} seeds at this spread" if result["seeds_needed"]
                 else "seeds alone would not: it needs a larger budget")
         return {**result, "verdict": f"not testable at this scale ({more})"}
+    if difference["low"] > 0 and difference["high"] < effect:
+        return {**result, "verdict": "agrees in direction, smaller than the paper's effect (the interval "
+                                     "excludes its size)"}
     if difference["low"] > 0:
         return {**result, "verdict": "agrees"}
     if difference["high"] < 0:

@@ -258,7 +258,8 @@ def render_page(page: Mapping[str, Any]) -> str:
                   "relative advantage, from the mean log ratio; rates: the difference), with its 95% "
                   "interval. `detectable` is the smallest advantage this lab detects at its seeds and "
                   "measured spread (a two-sided 5% test, 80% power). A verdict is given only where the "
-                  "paper's effect is detectable: above zero agrees; below zero, or an interval that "
+                  "paper's effect is detectable: above zero agrees (in direction only where the interval "
+                  "lies below the paper's effect); below zero, or an interval that holds zero and "
                   "excludes the paper's effect, disagrees; else inconclusive. A lab disagrees only beside "
                   "a positive control (marked) that it reproduces.", "",
                   format_table(header, rows, "lllllllrl").rstrip("\n")]

@@ -60,6 +60,18 @@ def test_an_interval_holding_zero_and_the_papers_effect_is_inconclusive():
     assert found["verdict"] == "inconclusive"
 
 
+def test_an_advantage_wholly_below_the_papers_effect_agrees_in_direction_only():
+    # Paired log ratios 0.05, 0.06, 0.07: the interval (0.035, 0.085) is above zero and below the
+    # paper's 0.5, so the direction reproduces and the size does not; a 6 % paper effect agrees.
+    b = [100 * math.exp(d) for d in (0.05, 0.06, 0.07)]
+    measured = rows(a={"ppl": [100.0] * 3}, b={"ppl": b})
+    large = Claim("P", "a beats b", "ppl", "a", "b", effect=math.expm1(0.5), control=True)
+    assert judge([large], measured, Measure())[0]["verdict"] == (
+        "agrees in direction, smaller than the paper's effect (the interval excludes its size)")
+    close = Claim("P", "a beats b", "ppl", "a", "b", effect=math.expm1(0.06), control=True)
+    assert judge([close], measured, Measure())[0]["verdict"] == "agrees"
+
+
 def test_a_lab_disagrees_only_beside_a_positive_control_it_reproduces():
     measured = rows(a={"ppl": [110.0, 120.0, 130.0]}, b={"ppl": [100.0, 110.0, 120.0]},
                     c={"ppl": [90.0, 100.0, 110.0]})
