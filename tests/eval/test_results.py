@@ -41,7 +41,8 @@ def page(better, worse, status=None, lower_is_better=True):
 def test_a_claim_is_decided_by_paired_differences_over_the_seeds():
     # The seeds differ a lot from each other, the pairs little: pairing is what makes it decidable.
     agree = page([10.0, 20.0, 30.0], [10.5, 21.0, 31.5])["findings"][0]
-    assert agree["verdict"] == "agrees" and math.expm1(agree["difference"]["mean"]) == pytest.approx(0.05)
+    assert agree["verdict"].startswith("agrees in direction, smaller than the paper's effect")
+    assert math.expm1(agree["difference"]["mean"]) == pytest.approx(0.05)
     assert page([10.5, 21.0, 31.5], [10.0, 20.0, 30.0])["findings"][0]["verdict"] == "disagrees"
     # Near zero, with the power to see the paper's 50 %: no effect of its size.
     assert page([10.0, 20.0, 30.0], [10.5, 19.5, 30.1])["findings"][0]["verdict"].startswith(
