@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from coverage import check_rows
+
 from nanoattn.commands.labs import LABS
 from nanoattn.config.options import ATTENTION_VARIANTS, RECIPES, encoding_options
 from nanoattn.tasks import TASKS
@@ -20,8 +22,11 @@ def catalogue_rows(heading: str) -> list[str]:
 
 
 def test_the_catalogue_has_one_row_per_encoding_and_attention_variant():
-    assert sorted(catalogue_rows("### Positional encodings")) == sorted(encoding_options())
-    assert sorted(catalogue_rows("### Attention variants")) == sorted(ATTENTION_VARIANTS)
+    encodings, variants = catalogue_rows("### Positional encodings"), catalogue_rows("### Attention variants")
+    assert len(set(encodings)) == len(encodings) and set(encodings) <= set(encoding_options())
+    assert len(set(variants)) == len(variants) and set(variants) <= set(ATTENTION_VARIANTS)
+    check_rows([*encoding_options(), *ATTENTION_VARIANTS], {*encodings, *variants}, "the README catalogue",
+               "add its row to the table of its kind in README.md")
 
 
 def test_every_task_recipe_and_lab_page_is_named():

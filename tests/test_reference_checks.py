@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from coverage import check_rows
 from reference_checks import ENCODING, FOLDER, PAGE, ROWS, VARIANT, render
 
 from nanoattn.config.options import ATTENTION_VARIANTS, encoding_options
@@ -28,18 +29,15 @@ def test_each_option_equals_its_reference(name, index):
 
 
 def test_every_encoding_and_attention_variant_has_a_row():
-    for name, kind in options().items():
-        assert name in ROWS, (f"{kind} {name!r} has no reference row: add its paper, reference and check "
-                              f"to ROWS in tests/reference_checks.py, then run {REGENERATE}")
-        assert ROWS[name].kind == kind and ROWS[name].checks, name
+    for name in set(ROWS) & set(options()):
+        assert ROWS[name].kind == options()[name] and ROWS[name].checks, name
     assert set(ROWS) <= set(options()), f"rows for no registered option: {sorted(set(ROWS) - set(options()))}"
+    check_rows(options(), ROWS, "ROWS in tests/reference_checks.py",
+               f"add its paper, reference and check there, then run {REGENERATE}")
 
 
 def test_the_published_table_has_every_row_within_its_tolerance():
     page = json.loads(PUBLISHED.read_text())
-    published = {row["name"] for row in page["rows"]}
-    for name, kind in options().items():
-        assert name in published, f"docs/results/references.md has no row for {kind} {name!r}: {REGENERATE}"
     stated = [(row["name"], row["kind"], row["paper"], row["reference"], row["compared"], row["tolerance"],
                row["note"]) for row in page["rows"]]
     current = [(name, row.kind, row.paper, check.reference, check.compared, check.tolerance, check.note)
@@ -47,3 +45,4 @@ def test_the_published_table_has_every_row_within_its_tolerance():
     assert stated == current, f"docs/results/references.md is not the table of ROWS: run {REGENERATE}"
     assert all(row["difference"] <= row["tolerance"] for row in page["rows"])
     assert render(page) == PUBLISHED.with_suffix(".md").read_text()
+    check_rows(options(), {row["name"] for row in page["rows"]}, "docs/results/references.md", REGENERATE)

@@ -11,12 +11,18 @@ from nanoattn import GPT, ModelConfig, load_checkpoint, preset
 from nanoattn.checkpoint import save_checkpoint
 from nanoattn.config.options import RECIPES, encoding_options
 from nanoattn.positional import REGISTRY, alibi_slopes, build_positional, sinusoidal_table
+from nanoattn.positional.base import PositionalEncoding
 from nanoattn.train.step import LossModule
 
 
-def test_registry_names_match_the_config_choices():
-    assert set(REGISTRY) == {"sinusoidal", "sinusoidal_scaled", "learned", "rope", "alibi", "nope", "t5",
-                             "kerple_log", "kerple_power", "fire", "xpos", "cope", "pope"}
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_an_encodings_flags_say_where_it_acts(name):
+    """The rules read the flags, so a flag must match the method it announces: ``adds_bias`` with its
+    own ``bias``, ``acts_on_embeddings`` with its own ``embed`` (a user's encoding included)."""
+    encoding = REGISTRY[name]
+    assert issubclass(encoding, PositionalEncoding) and name in encoding_options()
+    assert encoding.adds_bias == (encoding.bias is not PositionalEncoding.bias), name
+    assert encoding.acts_on_embeddings == (encoding.embed is not PositionalEncoding.embed), name
 
 
 @pytest.mark.parametrize("pos,i", [(0, 0), (1, 0), (7, 3), (100, 10), (4000, 31), (12345, 1)])
