@@ -49,8 +49,7 @@ def load_report(path: str | Path) -> tuple[str, dict[str, Any]]:
 
 
 # Optional columns of length_table: a report key, its header and its cells' format.
-LAB_COLUMNS = (("train_tok_per_s", "train tok/s", "{:,.0f}"),
-               ("kv_bytes_per_token", "KV bytes/token", "{:,.0f}"),
+LAB_COLUMNS = (("kv_bytes_per_token", "KV bytes/token", "{:,.0f}"),
                ("max_attn_logit", "max attention logit", "{:.1f}"))
 
 

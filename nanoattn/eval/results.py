@@ -240,6 +240,8 @@ def render_page(page: Mapping[str, Any]) -> str:
              table.rstrip("\n")]
     if page.get("notes"):
         lines += ["", *page["notes"]]
+    if page.get("not_run"):
+        lines += ["", f"Not run by this command, of the lab's default rows: {', '.join(page['not_run'])}."]
     if page["findings"]:
         scales = {row["label"]: row.get("scale") for row in page["rows"]}
         rows = []

@@ -164,16 +164,13 @@ def _score_bin(model, data: TaskData, seeds: list[list[int]], sizes: tuple[int, 
 
 
 def task_table(reports: Sequence[Mapping[str, Any]], labels: Sequence[str]) -> str:
-    """Markdown: a row per report (task, label), exact match (per-token accuracy) at each factor,
-    and the run's training tokens/s where the report has it."""
+    """Markdown: a row per report (task, label), exact match (per-token accuracy) at each factor."""
     factors = sorted({b["factor"] for report in reports for b in report["results"]})
     rows = []
     for report, label in zip(reports, labels, strict=True):
         cells = {b["factor"]: b for b in report["results"]}
-        speed = report.get("train_tok_per_s")
-        rows.append([report["task"]["name"], label, *(_cell(cells.get(f)) for f in factors),
-                     "n/a" if speed is None else f"{speed:,.0f}"])
-    return format_table(["task", "run", *(f"{f:g}x" for f in factors), "train tok/s"], rows)
+        rows.append([report["task"]["name"], label, *(_cell(cells.get(f)) for f in factors)])
+    return format_table(["task", "run", *(f"{f:g}x" for f in factors)], rows)
 
 
 def _cell(entry: Mapping[str, Any] | None) -> str:

@@ -27,7 +27,6 @@ from nanoattn.commands.labs.runs import (
     largest_attention_logit,
     run_dir,
     train_runs,
-    training_speed,
 )
 from nanoattn.commands.labs.tasks import (
     ARITHMETIC_ROWS,
@@ -88,17 +87,13 @@ def perplexity_report(cfg: LabRunsConfig, run: Path, row: Row) -> Report:
         ckpt=str(run), max_tokens=cfg.max_tokens, mode="chunks", multiples=list(LAB_MULTIPLES),
         rope_scaling=None if row.scaling is None else dict(row.scaling), batch_size=cfg.batch_size,
         dtype=cfg.dtype, device=cfg.device))
-    # The row's price: its run's training speed (a zero-shot scaling trains nothing).
-    return report if row.scaling else {**report, "train_tok_per_s": training_speed(run)}
+    return report
 
 
 def perplexity_cells(report: Report) -> dict[str, float | None]:
     """Perplexity at each multiple of the training length (chunks, the ALiBi paper's protocol)."""
     length = report["train_seq_len"]
-    cells = {f"ppl {r['length'] / length:g}x": r.get("ppl") for r in report["results"]}
-    if "train_tok_per_s" in report:
-        cells["train tok/s"] = report["train_tok_per_s"]
-    return cells
+    return {f"ppl {r['length'] / length:g}x": r.get("ppl") for r in report["results"]}
 
 
 def extrapolation_rows(cfg: LabConfig) -> list[Row]:
@@ -139,8 +134,9 @@ ABOUT_PERPLEXITY = (
     "Each row is a model of the extrapolation experiment (`configs/experiment/extrapolation.yaml`: 4 layers, "
     "d_model 128, trained at 128 tokens) with one encoding, evaluated on the held-out plays in "
     "non-overlapping chunks at 1-16x the training length (the protocol of Press et al. 2022); "
-    "`rope+<scaling>` rows evaluate the RoPE runs under a zero-shot RoPE scaling. `train tok/s` is the "
-    "row's price, its run's median training speed.")
+    "`rope+<scaling>` rows evaluate the RoPE runs under a zero-shot RoPE scaling. An encoding's price is "
+    "the bench's (`docs/results/bench.md`, its `encodings` section: each timed alone, against RoPE), not "
+    "a speed of these runs, which train two at a time.")
 
 LABS: dict[str, Lab] = {lab.name: lab for lab in (
     Lab("extrapolation", "Length extrapolation: perplexity past the training length", ABOUT_PERPLEXITY,
@@ -158,11 +154,12 @@ LABS: dict[str, Lab] = {lab.name: lab for lab in (
     Lab("attention", "Attention variants: perplexity, price and logits",
         "Each row is the extrapolation experiment's model with RoPE and one attention variant "
         "(`nanoattn.config.options.ATTENTION_VARIANTS`, `configs/experiment/attention.yaml`), evaluated in "
-        "chunks at 1-16x its training length; `train tok/s` is its run's median training speed, `KV "
-        "bytes/token` what a decoded token adds to the cache, `max logit` the largest attention logit its "
-        "evaluations saw during training; `own stat` the variant's own statistic on held-out windows at the "
-        "training length (`nanoattn.eval.variant_heads.own_statistic`): the output gate's mean, XSA's share "
-        "of the output removed, selective attention's pruned fraction, SSMax's s log n, the share of canon's "
+        "chunks at 1-16x its training length; its price in time is the bench's (`docs/results/bench.md`, "
+        "its `attention` section: each timed alone, against the plain block); `KV bytes/token` is what a "
+        "decoded token adds to the cache, `max logit` the largest attention logit its evaluations saw "
+        "during training; `own stat` the variant's own statistic on held-out windows at the training "
+        "length (`nanoattn.eval.variant_heads.own_statistic`): the output gate's mean, XSA's share of the "
+        "output removed, selective attention's pruned fraction, SSMax's s log n, the share of canon's "
         "taps on earlier tokens, FoX's forget span in tokens, stick-breaking's mass left unassigned, "
         "sigmoid's weight sum and the sinks' mass. The `pope` row is the plain block with PoPE for RoPE.",
         lambda cfg: [*(Row(name, name, (f"attention={name}",)) for name in ATTENTION_VARIANTS),

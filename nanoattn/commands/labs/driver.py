@@ -62,6 +62,8 @@ class LabRunsConfig:
     """The keys every lab has: its seeds, where its runs and its page go, how to train and evaluate."""
 
     owner: ClassVar[str]
+    # The keys that choose which rows run (a page lists the lab's other rows as not run).
+    row_keys: ClassVar[tuple[str, ...]] = ()
     seeds: list[int] = dataclasses.field(default_factory=lambda: [0, 1, 2])  # a run per row and seed
     runs_root: str | None = None  # where the runs are; None: runs/<lab>
     out: str | None = None  # the page's folder; None: the runs' (docs/results publishes it)
@@ -99,6 +101,11 @@ class LabRunsConfig:
         check_choice(own, "dtype", self.dtype, DTYPES)
         check_device_name(own, "device", self.device)
 
+    def every_row(self) -> LabRunsConfig:
+        """This config with its row keys at their defaults: the lab's whole default set of rows."""
+        defaults = {f.name: f.default_factory() for f in dataclasses.fields(self) if f.name in self.row_keys}
+        return dataclasses.replace(self, **defaults)
+
 
 @dataclass(frozen=True)
 class Row:
@@ -135,8 +142,6 @@ class Lab:
     experiment: str | None = None  # the experiment its runs train with; None: its name
     # The instances behind one value of a rate column (exact match, retrieval), None for other columns.
     rates: Callable[[Any, str], int | None] = lambda cfg, column: None
-
-
     # The lab whose runs this lab's start from (``train.init_from``), each row's at the same seed.
     starts_from: str | None = None
 
@@ -216,6 +221,7 @@ def _run_lab(lab: Lab, cfg: LabRunsConfig, trainer: Trainer, runs_root: Path, ou
              if (n := lab.rates(cfg, c)) is not None}
     page = record(lab.name, lab.title, lab.about, cfg.seeds, values, claims=lab.claims, status=status,
                   notes=lab.notes(values), measure=Measure(rates), scales=scales,
+                  not_run=not_run(lab, cfg, values),
                   wall_seconds=time.perf_counter() - began,
                   training_seconds=sum(trained.values()), trained_runs=len(trained), **origin)
     path = write_page(out, page, figure=(lambda p: lab.plot(figure_reports, figure_labels, p))
@@ -223,6 +229,11 @@ def _run_lab(lab: Lab, cfg: LabRunsConfig, trainer: Trainer, runs_root: Path, ou
     print(render_page(page), end="")
     print(f"lab done in {time.perf_counter() - began:.0f} s; wrote {path} and its JSON")
     return page
+
+
+def not_run(lab: Lab, cfg: LabRunsConfig, values: Mapping[str, Any]) -> list[str]:
+    """The labels of the lab's default rows (at this checkout's registries) that ``values`` lacks."""
+    return [row.label for row in lab.rows(cfg.every_row()) if row.label not in values]
 
 
 # What a page says of how its values were measured, kept when they are judged again.
@@ -256,6 +267,7 @@ def judge_again(lab: Lab, cfg: LabRunsConfig, out: Path) -> dict[str, Any]:
                   notes=lab.notes(values), measure=Measure(rates),
                   scales={row["label"]: row["scale"] for row in earlier["rows"] if row.get("scale")},
                   measured=earlier.get("measured") or {k: earlier[k] for k in MEASURED if k in earlier},
+                  not_run=not_run(lab, cfg, values),
                   **git_state())
     if earlier.get("figure") and (out / earlier["figure"]).is_file():
         page["figure"] = earlier["figure"]  # drawn from the runs' reports, which the values came from

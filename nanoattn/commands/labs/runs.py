@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import signal
-import statistics
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
@@ -161,12 +160,6 @@ def run_scale(run: Path) -> dict[str, int]:
     tokens = [r["tokens"] for r in read_metrics(run / "metrics.jsonl") if "tokens" in r]
     return {"parameters": parameters, "tokens": tokens[-1] if tokens else 0,
             "train_length": trained_length(meta)}
-
-
-def training_speed(run: Path) -> float | None:
-    """Median training tokens/s of a run's logged intervals (metrics.jsonl), None if it logged none."""
-    speeds = [r["tok_per_s"] for r in read_metrics(run / "metrics.jsonl") if "tok_per_s" in r]
-    return statistics.median(speeds) if speeds else None
 
 
 def largest_attention_logit(run: Path) -> float | None:

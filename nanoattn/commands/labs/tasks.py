@@ -25,7 +25,6 @@ from nanoattn.checkpoint import read_checkpoint_config
 from nanoattn.commands.eval_task import TaskEvalConfig, run_task_eval
 from nanoattn.commands.labs import papers
 from nanoattn.commands.labs.driver import Lab, LabRunsConfig, Report, Row
-from nanoattn.commands.labs.runs import training_speed
 from nanoattn.config import TaskConfig
 from nanoattn.config.options import ATTENTION_VARIANTS, encoding_options
 from nanoattn.data.tasks import row_inputs
@@ -107,6 +106,7 @@ class TaskLabConfig(ScoredLabConfig):
     """Every key of ``scripts/task_lab.py``."""
 
     owner: ClassVar[str] = "task_lab"
+    row_keys: ClassVar[tuple[str, ...]] = ("tasks", "encodings", "variants", "variant_tasks")
     # A calibration instead of the lab (CALIBRATIONS, docs/results/<name>.md): task_budget trains each
     # (task, encoding) run to the step it learns; addition_calibration is Lee et al. 2023's addition
     calibrate: str | None = None
@@ -141,6 +141,7 @@ class ArithmeticLabConfig(ScoredLabConfig):
     """Every key of ``scripts/arithmetic_lab.py``."""
 
     owner: ClassVar[str] = "arithmetic_lab"
+    row_keys: ClassVar[tuple[str, ...]] = ("rows",)
     digits: int = 5  # D: training operands have up to D digits (task.train_length); scored up to 4 D
     rows: list[str] = dataclasses.field(default_factory=lambda: list(ARITHMETIC_ROWS))  # of ARITHMETIC_ROWS
 
@@ -172,27 +173,25 @@ def arithmetic_rows(cfg: ArithmeticLabConfig) -> list[Row]:
 
 
 def task_report(cfg: TaskLabConfig, run: Path, row: Row) -> Report:
-    report = run_task_eval(TaskEvalConfig(ckpt=str(run), factors=cfg.factors, per_bin=cfg.per_bin,
-                                          seed=cfg.eval_seed, batch_size=cfg.batch_size, dtype=cfg.dtype,
-                                          device=cfg.device))
-    return {**report, "train_tok_per_s": training_speed(run)}
+    return run_task_eval(TaskEvalConfig(ckpt=str(run), factors=cfg.factors, per_bin=cfg.per_bin,
+                                        seed=cfg.eval_seed, batch_size=cfg.batch_size, dtype=cfg.dtype,
+                                        device=cfg.device))
 
 
 def task_cells(report: Report) -> dict[str, float | None]:
     """Exact match at each size bin (up to factor x the training size), the step its training
-    stopped at (its accuracy reached, or the budget spent) and the training speed."""
-    return {**{f"exact {b['factor']:g}x": b.get("exact") for b in report["results"]},
-            "steps": report["step"], "train tok/s": report["train_tok_per_s"]}
+    stopped at (its accuracy reached, or the budget spent)."""
+    return {**{f"exact {b['factor']:g}x": b.get("exact") for b in report["results"]}, "steps": report["step"]}
 
 
 def calibration_report(cfg: TaskLabConfig, run: Path, row: Row) -> Report:
-    """The step a calibration run stopped at, the exact match at 1x it measured there, its speed."""
+    """The step a calibration run stopped at and the exact match at 1x it measured there."""
     meta = read_checkpoint_config(run)
-    return {"step": meta["step"], "exact_1x": meta.get("exact_1x"), "train_tok_per_s": training_speed(run)}
+    return {"step": meta["step"], "exact_1x": meta.get("exact_1x")}
 
 
 def calibration_cells(report: Report) -> dict[str, float | None]:
-    return {"steps": report["step"], "exact 1x": report["exact_1x"], "train tok/s": report["train_tok_per_s"]}
+    return {"steps": report["step"], "exact 1x": report["exact_1x"]}
 
 
 def learned_in_every_seed(cells: Mapping[str, Sequence[float | None]]) -> bool:
@@ -221,16 +220,15 @@ def task_budget(values: Mapping[str, Mapping[str, Sequence[float | None]]]) -> l
 
 
 def addition_report(cfg: TaskLabConfig, run: Path, row: Row) -> Report:
-    report = run_task_eval(TaskEvalConfig(ckpt=str(run), factors=DIGIT_FACTORS, per_bin=cfg.per_bin,
-                                          seed=cfg.eval_seed, batch_size=cfg.batch_size, dtype=cfg.dtype,
-                                          device=cfg.device))
-    return {**report, "train_tok_per_s": training_speed(run)}
+    return run_task_eval(TaskEvalConfig(ckpt=str(run), factors=DIGIT_FACTORS, per_bin=cfg.per_bin,
+                                        seed=cfg.eval_seed, batch_size=cfg.batch_size, dtype=cfg.dtype,
+                                        device=cfg.device))
 
 
 def addition_cells(report: Report) -> dict[str, float | None]:
-    """Exact match with operands of 1, 2 and 3 digits, the steps trained and the training speed."""
+    """Exact match with operands of 1, 2 and 3 digits, and the steps trained."""
     return {**{f"exact {b['sizes'][1]}-digit": b.get("exact") for b in report["results"]},
-            "steps": report["step"], "train tok/s": report["train_tok_per_s"]}
+            "steps": report["step"]}
 
 
 def addition_notes(values: Mapping[str, Mapping[str, Sequence[float | None]]]) -> list[str]:
