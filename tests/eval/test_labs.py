@@ -23,6 +23,7 @@ from nanoattn.commands.labs import (
     AttentionLabConfig,
     Lab,
     LabConfig,
+    Quick,
     Row,
     TaskLabConfig,
     is_finished,
@@ -30,6 +31,7 @@ from nanoattn.commands.labs import (
     run_lab,
     task_lab,
 )
+from nanoattn.commands.labs.driver import quick_config
 from nanoattn.config.options import ATTENTION_VARIANTS, encoding_options
 from nanoattn.eval.tasks import size_bins
 
@@ -113,6 +115,33 @@ def test_the_arithmetic_page_names_its_best_rows_reach_and_says_what_did_not_rep
     values["abacus"]["exact 2x"] = [0.9, 0.92]
     assert notes(values) == ["**Best row: abacus, exact match at or above 0.9 up to 4D digits** (the bar: "
                              "past 2D)."]
+
+
+def test_every_lab_has_a_quick_form_of_its_own_rows_at_one_seed_in_a_runs_folder_of_its_own():
+    from test_docs import LAB_CONFIGS  # each lab's config at its defaults
+    for name, cfg in LAB_CONFIGS.items():
+        lab = LABS[name]
+        quick = quick_config(lab, dataclasses.replace(cfg, quick=True))
+        assert quick.seeds == [0] and quick.runs_root == f"runs/{name}_quick", name
+        assert set(lab.quick.rows) <= {row.label for row in lab.rows(quick)}, name
+        assert quick.train_overrides == list(lab.quick.train) and lab.quick.train, name
+        assert all(getattr(quick, key) == value for key, value in lab.quick.keys.items())
+    # The command's own training overrides come after the quick form's, so they win.
+    given = AttentionLabConfig(quick=True, train_overrides=["train.max_steps=7"])
+    assert quick_config(LABS["attention"], given).train_overrides[-1] == "train.max_steps=7"
+    with pytest.raises(ValueError, match=r"^attention_lab.out='docs/results' is invalid: must be null with "
+                                         r"quick=true \(a quick page is a first look"):
+        AttentionLabConfig(quick=True, out="docs/results")
+
+
+def test_a_quick_lab_evaluates_its_quick_rows_only(prepared, tmp_path, trainer):
+    lab = dataclasses.replace(LABS["extrapolation"], rows=lambda cfg: ROWS,
+                              quick=Quick(("alibi",), ("train.max_steps=50",), {"max_tokens": 128}))
+    cfg = LabConfig(quick=True, runs_root=str(tmp_path / "runs"), train_overrides=tiny_runs(prepared))
+    save_lab_runs(lab, quick_config(lab, cfg), trainer)
+    page = run_lab(lab, cfg, trainer)
+    assert [row["label"] for row in page["rows"]] == ["alibi"] and page["seeds"] == [0]
+    assert page["not_run"] == ["rope", "rope+yarn4"]
 
 
 def test_a_lab_publishes_every_seed_with_intervals_and_never_an_unfinished_run(prepared, tmp_path, capsys,

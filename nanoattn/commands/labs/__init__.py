@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 from nanoattn.commands.eval_length import LengthEvalConfig, run_length_eval
 from nanoattn.commands.eval_passkey import PasskeyEvalConfig, run_passkey_eval
 from nanoattn.commands.labs import papers
-from nanoattn.commands.labs.driver import Lab, LabRunsConfig, Report, Row, Trainer, run_lab
+from nanoattn.commands.labs.driver import Lab, LabRunsConfig, Quick, Report, Row, Trainer, run_lab
 from nanoattn.commands.labs.runs import (
     is_finished,
     lab_jobs,
@@ -55,6 +55,8 @@ LAB_MULTIPLES = (1, 2, 4, 8, 16)  # perplexity labs: lengths as multiples of the
 # The attention lab's encodings beside its variants: PoPE (Gopalakrishnan et al. 2025) belongs to the same
 # generation of papers, and its row is compared with the plain block's RoPE.
 ATTENTION_LAB_ENCODINGS = ("pope",)
+# The perplexity labs' quick form: a tenth of the steps, and fewer tokens scored at each length.
+QUICK_STEPS, QUICK_TOKENS = ("train.max_steps=100",), {"max_tokens": 4096}
 OWN_STATISTIC_BATCHES = 4  # attention lab: held-out batches the variant's own statistic is averaged over
 
 
@@ -141,7 +143,7 @@ ABOUT_PERPLEXITY = (
 LABS: dict[str, Lab] = {lab.name: lab for lab in (
     Lab("extrapolation", "Length extrapolation: perplexity past the training length", ABOUT_PERPLEXITY,
         extrapolation_rows, perplexity_report, perplexity_cells, plot_length_curves,
-        claims=papers.EXTRAPOLATION),
+        claims=papers.EXTRAPOLATION, quick=Quick(("rope", "alibi", "nope"), QUICK_STEPS, QUICK_TOKENS)),
     Lab("passkey", "Passkey retrieval past the training length",
         "Each row fine-tunes the extrapolation lab's run of one encoding on passkey retrieval at its "
         "training length (`configs/experiment/passkey.yaml`), then asks for the key at 1-16x that length, "
@@ -150,7 +152,9 @@ LABS: dict[str, Lab] = {lab.name: lab for lab in (
         passkey_report, passkey_cells, plot_passkey,
         rates=lambda cfg, column: cfg.samples * len(DEFAULT_DEPTHS) if column.startswith("acc ") else None,
         train_extra=lambda cfg, row, seed: [
-            f"train.init_from={run_dir(Path(cfg.init_root), row.run, seed)}"], starts_from="extrapolation"),
+            f"train.init_from={run_dir(Path(cfg.init_root), row.run, seed)}"], starts_from="extrapolation",
+        quick=Quick(("rope", "alibi"), ("train.max_steps=200",),
+                    {"init_root": "runs/extrapolation_quick", "samples": 5})),
     Lab("attention", "Attention variants: perplexity, price and logits",
         "Each row is the extrapolation experiment's model with RoPE and one attention variant "
         "(`nanoattn.config.options.ATTENTION_VARIANTS`, `configs/experiment/attention.yaml`), evaluated in "
@@ -164,7 +168,8 @@ LABS: dict[str, Lab] = {lab.name: lab for lab in (
         "sigmoid's weight sum and the sinks' mass. The `pope` row is the plain block with PoPE for RoPE.",
         lambda cfg: [*(Row(name, name, (f"attention={name}",)) for name in ATTENTION_VARIANTS),
                      *(Row(name, name, (f"pos={name}",)) for name in ATTENTION_LAB_ENCODINGS)],
-        attention_report, attention_cells, plot_length_curves, claims=papers.ATTENTION),
+        attention_report, attention_cells, plot_length_curves, claims=papers.ATTENTION,
+        quick=Quick(("plain", "qk_norm"), QUICK_STEPS, QUICK_TOKENS)),
     *TASK_LABS,
 )}
 

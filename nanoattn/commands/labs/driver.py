@@ -23,6 +23,9 @@ Design choices:
 - One lab at a time in a runs folder: the lab holds the folder's lock from its first check to its
   page, and a second lab there is refused in one line, so neither page loses the other's rows.
   Every output is checked before any work (``check_page_output``).
+- ``quick=true`` is a lab's first look, in minutes: its ``Quick`` form's rows, one seed, a few
+  training steps, under ``runs/<lab>_quick`` (its runs never meet the full lab's) with its page
+  beside them; it is not for publishing, so it refuses ``out``.
 - The library never reaches into ``scripts/``: the training command is the lab script's to give
   (``Trainer``), and the lab runs it once per run.
 """
@@ -77,6 +80,7 @@ class LabRunsConfig:
     # An earlier page of this lab (its JSON): its every seed's values judged again by this checkout's
     # summaries and claims, nothing trained or evaluated; the page says which command measured them.
     values_from: str | None = None
+    quick: bool = False  # the lab's quick form (Lab.quick): a first look in minutes, not a page to cite
 
     def __post_init__(self) -> None:
         own = self.owner
@@ -88,6 +92,11 @@ class LabRunsConfig:
             fail(own, "seeds", self.seeds, "must not repeat a seed")
         self.seeds = list(self.seeds)
         check_bool(own, "train", self.train)
+        check_bool(own, "quick", self.quick)
+        if self.quick and (self.out is not None or self.values_from is not None):
+            given = "out" if self.out is not None else "values_from"
+            fail(own, given, getattr(self, given), "must be null with quick=true (a quick page is a first "
+                 "look under runs/<lab>_quick, never one to publish or judge again)")
         check_positive_int(own, "workers", self.workers)
         if not isinstance(self.train_overrides, (list, tuple)) or not all(
                 isinstance(o, str) and "=" in o for o in self.train_overrides):
@@ -121,6 +130,16 @@ Report = dict[str, Any]
 
 
 @dataclass(frozen=True)
+class Quick:
+    """A lab's quick form: the rows it runs (labels), the training overrides that shorten their runs,
+    and the lab keys it sets (fewer instances to score, the starting lab's quick runs)."""
+
+    rows: tuple[str, ...]
+    train: tuple[str, ...]
+    keys: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class Lab:
     """One experiment: its rows, one run's evaluation, the page's columns and figure, its claims."""
 
@@ -144,6 +163,7 @@ class Lab:
     rates: Callable[[Any, str], int | None] = lambda cfg, column: None
     # The lab whose runs this lab's start from (``train.init_from``), each row's at the same seed.
     starts_from: str | None = None
+    quick: Quick | None = None  # its quick form (``quick=true``)
 
 
 def mean_report(reports: Sequence[Report]) -> Report:
@@ -164,6 +184,8 @@ def mean_report(reports: Sequence[Report]) -> Report:
 def run_lab(lab: Lab, cfg: LabRunsConfig, trainer: Trainer) -> dict[str, Any]:
     """Train (with ``cfg.train``) and evaluate every row at every seed; write and print the page.
     One lab at a time in a runs folder (see the module docstring)."""
+    if cfg.quick:
+        cfg = quick_config(lab, cfg)
     runs_root = Path(cfg.runs_root or f"runs/{lab.name}")
     out = Path(cfg.out) if cfg.out is not None else runs_root
     check_page_output(out, lab.name, f"{cfg.owner}.out")  # before hours of training, not after
@@ -176,7 +198,7 @@ def _run_lab(lab: Lab, cfg: LabRunsConfig, trainer: Trainer, runs_root: Path, ou
         return judge_again(lab, cfg, out)
     began = time.perf_counter()
     origin = git_state()  # the code that trains and evaluates: the checkout as the lab starts
-    rows = lab.rows(cfg)
+    rows = [row for row in lab.rows(cfg) if not cfg.quick or row.label in lab.quick.rows]
     if lab.starts_from is not None:
         check_starting_runs(lab, cfg, rows)
     jobs = lab_jobs(lab, cfg, rows, runs_root)
@@ -229,6 +251,15 @@ def _run_lab(lab: Lab, cfg: LabRunsConfig, trainer: Trainer, runs_root: Path, ou
     print(render_page(page), end="")
     print(f"lab done in {time.perf_counter() - began:.0f} s; wrote {path} and its JSON")
     return page
+
+
+def quick_config(lab: Lab, cfg: LabRunsConfig) -> LabRunsConfig:
+    """``cfg`` in ``lab``'s quick form: one seed, its runs under runs/<lab>_quick, shortened; the
+    command's own training overrides come after the quick form's, so they win."""
+    if lab.quick is None:
+        fail(cfg.owner, "quick", cfg.quick, f"the {lab.name} lab has no quick form")
+    return dataclasses.replace(cfg, seeds=[0], runs_root=cfg.runs_root or f"runs/{lab.name}_quick",
+                               train_overrides=[*lab.quick.train, *cfg.train_overrides], **lab.quick.keys)
 
 
 def not_run(lab: Lab, cfg: LabRunsConfig, values: Mapping[str, Any]) -> list[str]:

@@ -24,7 +24,7 @@ from typing import ClassVar
 from nanoattn.checkpoint import read_checkpoint_config
 from nanoattn.commands.eval_task import TaskEvalConfig, run_task_eval
 from nanoattn.commands.labs import papers
-from nanoattn.commands.labs.driver import Lab, LabRunsConfig, Report, Row
+from nanoattn.commands.labs.driver import Lab, LabRunsConfig, Quick, Report, Row
 from nanoattn.config import TaskConfig
 from nanoattn.config.options import ATTENTION_VARIANTS, encoding_options
 from nanoattn.data.tasks import row_inputs
@@ -294,16 +294,20 @@ def arithmetic_notes(values: Mapping[str, Mapping[str, Sequence[float | None]]])
     return [line, NOT_REPRODUCED]
 
 
+# The quick form of the task lab and its budget: the task both encodings learn in the fewest steps.
+QUICK_TASKS = Quick(("flip_flop/nope", "flip_flop/rope"), ("train.max_steps=600",), {"per_bin": 200})
+
 TASK_LABS: tuple[Lab, ...] = (
     Lab("tasks", "Length generalization on tasks",
         "Each row trains a small model on one task at sizes up to its training size (`configs/experiment/"
-        "tasks.yaml`) until it has learned the task (exact match at 1x of 0.95 on fresh instances) or spent "
-        "the budget of its calibration (`task_budget.md`), `steps` saying where it stopped, then scores "
+        "tasks.yaml`) until it has learned the task (exact match at 1x reaching `train.stop_at_accuracy` on "
+        f"its check instances, above the judging bar of {LEARNED}) or spent the budget of its calibration "
+        "(`task_budget.md`), `steps` saying where it stopped, then scores "
         "exact match on fresh instances in size bins up to 4x that size. A row whose exact match at 1x is "
         f"below {LEARNED} did not learn its task and is not judged past it. The rows of `variants` (FoX and "
         "stick-breaking without positions, PoPE) run on `variant_tasks` only.",
         task_rows, task_report, task_cells, plot_tasks, status=task_status, rates=exact_rates,
-        claims=papers.TASKS),
+        claims=papers.TASKS, quick=QUICK_TASKS),
     Lab("task_budget", "The task lab's step budget: steps to learn each task",
         "Each row trains the task lab's run of one task and encoding (`configs/experiment/tasks.yaml`) until "
         f"its exact match at 1x reaches `train.stop_at_accuracy` or step {CALIBRATION_STEPS:,}, and reports "
@@ -314,7 +318,8 @@ TASK_LABS: tuple[Lab, ...] = (
                      for task in cfg.tasks for pos in cfg.encodings],
         calibration_report, calibration_cells, None, status=calibration_status, notes=task_budget,
         rates=lambda cfg, column: DEFAULT_PER_BIN if column == "exact 1x" else None,
-        experiment="tasks", train_extra=lambda cfg, row, seed: [f"train.max_steps={CALIBRATION_STEPS}"]),
+        experiment="tasks", train_extra=lambda cfg, row, seed: [f"train.max_steps={CALIBRATION_STEPS}"],
+        quick=QUICK_TASKS),
     Lab("addition_calibration", "Calibration: 3-digit addition at Lee et al. 2023's shape",
         "One run of `configs/experiment/addition_calibration.yaml`: Lee et al. 2023's NanoGPT (6 layers, 6 "
         "heads, d_model 384, learned positions, dropout 0.2) on 3-digit addition with the sum reversed, "
@@ -322,7 +327,8 @@ TASK_LABS: tuple[Lab, ...] = (
         "command gave it (`steps`). Exact match is scored on fresh instances with operands of 1, 2 and 3 "
         "digits; the loss is on the answer only, theirs on every character.",
         lambda cfg: [Row("addition/learned", "addition/learned", ("task=addition", "pos=learned"))],
-        addition_report, addition_cells, plot_tasks, notes=addition_notes, rates=exact_rates),
+        addition_report, addition_cells, plot_tasks, notes=addition_notes, rates=exact_rates,
+        quick=Quick(("addition/learned",), ("train.max_steps=100",), {"per_bin": 200})),
     Lab("arithmetic", "Arithmetic: positions that make addition generalize",
         "Each row trains a small model on addition of operands up to D digits, every number written least "
         "significant digit first (`configs/experiment/arithmetic.yaml`), with one way of telling a digit's "
@@ -331,6 +337,6 @@ TASK_LABS: tuple[Lab, ...] = (
         "judged past it. The papers trained at 20-40 digits and tested at 100-200; here D is what the lab's "
         "CPU budget trains, so a finding says whether the direction holds at this scale.",
         arithmetic_rows, task_report, task_cells, plot_tasks, status=task_status, notes=arithmetic_notes,
-        rates=exact_rates,
-        claims=papers.ARITHMETIC),
+        rates=exact_rates, claims=papers.ARITHMETIC,
+        quick=Quick(("nope", "coupling_paper"), ("train.max_steps=600",), {"per_bin": 200})),
 )
