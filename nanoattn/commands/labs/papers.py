@@ -18,6 +18,11 @@ import math
 
 from nanoattn.eval.claims import Claim, Premise
 
+# What a RoPE scaling claim rests on: a RoPE model that fails past its training length, for the scaling
+# to repair (PI's rises from 7.20 to over 1,000; YaRN compares the repairs).
+ROPE_EXPLODES = Premise("rope", "ppl 4x / 1x", 2.0, "plain RoPE's perplexity at 4x is more than twice its 1x "
+                        "(PI's paper: from 7.20 to over 1,000)")
+
 ALIBI_SCALE = "247M parameters, ~21B tokens (WikiText-103, 205 epochs), trained at 512, evaluated to 15,512"
 
 EXTRAPOLATION = (
@@ -30,13 +35,12 @@ EXTRAPOLATION = (
           effect=1 - (18.34 / 19.73) / (54.98 / 20.07),
           source="Table 2: 19.73 -> 18.34 against 20.07 -> 54.98 at 8,512"),
     Claim("Chen et al. 2023 (PI)", "zero-shot PI (x4) keeps perplexity at 4x where plain RoPE's explodes",
-          "ppl 4x", "rope+linear4", "rope", degradation=True,
-          premise=Premise("rope", "ppl 4x / 1x", 2.0, "plain RoPE's perplexity at 4x is more than twice its "
-                          "1x (the paper's rises from 7.20 to over 1,000)"),
+          "ppl 4x", "rope+linear4", "rope", degradation=True, premise=ROPE_EXPLODES,
           scale="LLaMA 7B (~1T tokens), trained at 2,048, no fine-tuning, 8,192 in a sliding window",
           effect=1 - 16.10 / 1000, source="Table 3 (step 0) against Table 1 (None): 16.10 against > 10^3"),
     Claim("Peng et al. 2023 (YaRN)", "YaRN beats PI without fine-tuning (their section 3.4; shown for the "
           "dynamic forms below 2x)", "ppl 4x", "rope+yarn4", "rope+linear4", degradation=True,
+          premise=ROPE_EXPLODES,
           scale="Llama-2 7B (2T tokens), trained at 4,096, evaluated to about 7,800 on one document",
           effect=1 - 4.11 / 4.28, source="Figure 5, read off: Dynamic-YaRN 4.11 against Dynamic-PI 4.28"),
 )
