@@ -295,7 +295,7 @@ def arithmetic_notes(values: Mapping[str, Mapping[str, Sequence[float | None]]])
 
 
 # The quick form of the task lab and its budget: the task both encodings learn in the fewest steps.
-QUICK_TASKS = Quick(("flip_flop/nope", "flip_flop/rope"), ("train.max_steps=600",), {"per_bin": 200})
+QUICK_TASKS = Quick(("flip_flop/nope", "flip_flop/rope"), ("train.max_steps=400",), {"per_bin": 200})
 
 TASK_LABS: tuple[Lab, ...] = (
     Lab("tasks", "Length generalization on tasks",
