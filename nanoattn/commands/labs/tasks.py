@@ -328,7 +328,7 @@ TASK_LABS: tuple[Lab, ...] = (
         "digits; the loss is on the answer only, theirs on every character.",
         lambda cfg: [Row("addition/learned", "addition/learned", ("task=addition", "pos=learned"))],
         addition_report, addition_cells, plot_tasks, notes=addition_notes, rates=exact_rates,
-        quick=Quick(("addition/learned",), ("train.max_steps=100",), {"per_bin": 200})),
+        quick=Quick(("addition/learned",), ("train.max_steps=30",), {"per_bin": 200})),
     Lab("arithmetic", "Arithmetic: positions that make addition generalize",
         "Each row trains a small model on addition of operands up to D digits, every number written least "
         "significant digit first (`configs/experiment/arithmetic.yaml`), with one way of telling a digit's "
