@@ -85,3 +85,9 @@ def test_a_page_lists_the_default_rows_a_command_left_out():
 def test_the_readme_stays_a_front_door():
     assert len(README.splitlines()) <= 300
     assert not re.search(r"20\d\d-\d\d-\d\d", README)  # dated measurements live on the results pages
+
+
+def test_the_training_page_lists_every_experiment():
+    listed = (REPO / "docs" / "training.md").read_text().split("| `experiment=` |", 1)[1].split("\n", 1)[0]
+    shipped = sorted(path.stem for path in (REPO / "configs" / "experiment").glob("*.yaml"))
+    assert shipped and [name for name in shipped if f"`{name}`" not in listed] == []
