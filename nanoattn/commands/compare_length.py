@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from nanoattn.eval.compare import is_length_table, length_table, load_report
+from nanoattn.eval.compare import LENGTH_TABLE_CAPTION, is_length_table, length_table, load_report
 from nanoattn.eval.plots import is_figure, plot_length_curves
 from nanoattn.eval.runs import is_path
 from nanoattn.runtime import check_output, write_atomic
@@ -58,6 +58,6 @@ def compare_length(cfg: CompareLengthConfig) -> str:
     table = length_table(reports, labels)
     if cfg.table is not None:
         write_atomic(cfg.table, table)
-    print(table, end="")
+    print(LENGTH_TABLE_CAPTION + table, end="")
     print(f"wrote {out}" + (f" and {cfg.table}" if cfg.table else ""))
     return table

@@ -53,6 +53,12 @@ LAB_COLUMNS = (("kv_bytes_per_token", "KV bytes/token", "{:,.0f}"),
                ("max_attn_logit", "max attention logit", "{:.1f}"))
 
 
+# What a length table's cells are, printed above it by the commands.
+LENGTH_TABLE_CAPTION = ("Perplexity on held-out text by evaluation length (tokens, and × the training "
+                        "length); in parentheses, its ratio to the same run's perplexity at its training "
+                        "length.\n")
+
+
 def length_table(reports: Sequence[Mapping[str, Any]], labels: Sequence[str]) -> str:
     """Rows: runs; columns: lengths; cells: ``ppl (ppl / ppl at the training length ×)``."""
     lengths = sorted({r["length"] for report in reports for r in report["results"]})

@@ -14,6 +14,7 @@ import pytest
 from nanoattn.commands.compare_length import CompareLengthConfig, compare_length
 from nanoattn.commands.labs import AttentionLabConfig, LabConfig
 from nanoattn.eval import format_table, length_table, load_report, write_table
+from nanoattn.eval.compare import LENGTH_TABLE_CAPTION
 from nanoattn.validation import from_dict
 
 REPO = Path(__file__).resolve().parents[2]
@@ -70,7 +71,8 @@ def test_compare_writes_the_figure_and_the_table(two_runs, tmp_path, capsys):
                                                table=str(tmp_path / "cmp.md")))
     assert (tmp_path / "cmp.png").stat().st_size > 10_000
     assert (tmp_path / "cmp.md").read_text() == table and "| learned | 12.0 (1.00×) | n/a |" in table
-    assert capsys.readouterr().out == table + f"wrote {tmp_path / 'cmp.png'} and {tmp_path / 'cmp.md'}\n"
+    written = f"wrote {tmp_path / 'cmp.png'} and {tmp_path / 'cmp.md'}\n"
+    assert capsys.readouterr().out == LENGTH_TABLE_CAPTION + table + written
     with pytest.raises(ValueError, match=re.escape("compare_length.labels=['x'] is invalid: must be a list "
                                                    "of one label per path (3)")):
         CompareLengthConfig(paths=paths, labels=["x"])

@@ -242,7 +242,8 @@ def test_report_from_a_run_directory(prepared, tmp_path, capsys):
     assert report["train_seq_len"] == 32 and report["mode"] == "chunks" and report["rope_scaling"] is None
     assert report["data_dir"] == str(prepared)
     printed = capsys.readouterr().out.splitlines()
-    assert printed[0] == "| run | 32 (1×) | 64 (2×) | 128 (4×) |" and printed[2].startswith("| rope_run |")
+    assert printed[0].startswith("Perplexity on held-out text by evaluation length")  # the table's quantity
+    assert printed[1] == "| run | 32 (1×) | 64 (2×) | 128 (4×) |" and printed[3].startswith("| rope_run |")
     assert printed[-1] == f"wrote {file} and {file.with_suffix('.png')}"
     assert [r["length"] for r in report["results"]] == [32, 64, 128]
     for result in report["results"]:
