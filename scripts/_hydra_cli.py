@@ -99,6 +99,21 @@ def encoding(choice: Any, pos: Any) -> str:
     return pos if isinstance(pos, str) else "-".join(map(str, pos))
 
 
+def swept_values(overrides: list[str]) -> list[str]:
+    """A sweep job's own values: of its ``overrides``, those the command line sweeps (``a,b,c``) or the
+    config's sweeper adds (not given on the command line at all)."""
+    given = {arg.partition("=")[0]: arg for arg in sys.argv[1:]}
+    return [o for o in overrides if "," in given.get(o.partition("=")[0], ",")]
+
+
+def sweep_job_name(number: Any) -> str:
+    """``${sweep_job_name:${hydra.job.num}}``: a sweep job's directory below out_dir, named by its
+    swept values (``pos=alibi``, ``pos=rope,train.seed=1``); its number if it sweeps none."""
+    swept = swept_values(list(HydraConfig.get().overrides.task))
+    return ",".join(swept).replace("/", "_") if swept else str(number)
+
+
+OmegaConf.register_new_resolver("sweep_job_name", sweep_job_name)
 OmegaConf.register_new_resolver("run_name", run_name)
 OmegaConf.register_new_resolver("run_dir", run_dir)
 OmegaConf.register_new_resolver("encoding", encoding)
@@ -342,9 +357,7 @@ class Sweep:
     def job(self, errors: tuple[type[BaseException], ...]) -> Iterator[None]:
         """Run one job; a failure is printed now (a bug with its traceback) and kept for ``report``."""
         hydra_cfg = HydraConfig.get()
-        given = {arg.partition("=")[0]: arg for arg in sys.argv[1:]}
-        # This job's own values: the overrides the command line sweeps (a,b,c) or the config's sweeper adds.
-        swept = [o for o in hydra_cfg.overrides.task if "," in given.get(o.partition("=")[0], ",")]
+        swept = swept_values(list(hydra_cfg.overrides.task))
         name = f"job {hydra_cfg.job.num}" + (f" ({' '.join(swept)})" if swept else "")
         self.jobs += 1
         try:

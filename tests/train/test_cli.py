@@ -190,7 +190,7 @@ def test_a_multirun_sweep_lands_in_separate_run_directories(tmp_path, tiny_confi
             if not a.startswith("model.pos")]
     code, _, err = _main(monkeypatch, capsys, "-m", *args, "pos=rope,alibi")
     assert code in (0, None), err
-    for job, pos in (("0", "rope"), ("1", "alibi")):
+    for job, pos in (("pos=rope", "rope"), ("pos=alibi", "alibi")):  # named by the values swept
         saved = yaml.safe_load((tmp_path / "sweep" / job / "config.yaml").read_text())
         assert saved["model"]["pos"] == pos and saved["out_dir"] == str(tmp_path / "sweep" / job)
         assert (tmp_path / "sweep" / job / "checkpoints" / "latest").exists()
@@ -205,9 +205,9 @@ def test_a_sweep_runs_every_job_reports_the_failed_ones_at_its_end_and_fails(
     failed = ("job 1 (model.n_kv_head=3): model.n_kv_head=3 is invalid: must divide n_head=2 (MHA: "
               "n_kv_head=n_head, MQA: 1)")
     assert err.count(failed) == 2 and err.strip().splitlines()[-1] == f"  {failed}"  # when, and at the end
-    for job in ("0", "2"):  # the jobs after the failed one ran too
+    for job in ("model.n_kv_head=1", "model.n_kv_head=2"):  # the jobs after the failed one ran too
         assert (tmp_path / "sweep" / job / "checkpoints" / "latest").exists()
-    assert not (tmp_path / "sweep" / "1").exists()
+    assert not (tmp_path / "sweep" / "model.n_kv_head=3").exists()
 
 
 def test_a_sweep_whose_job_would_not_compose_is_refused_before_any_job_runs(tmp_path, tiny_config,
