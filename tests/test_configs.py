@@ -264,11 +264,11 @@ def test_min_lr_and_n_kv_head_stay_derived_when_their_sources_change():
     assert run.train.min_lr == pytest.approx(0.001) and run.model.n_kv_head == 12
 
 
-def test_hydra_never_changes_directory_and_sweeps_into_numbered_subdirectories():
+def test_hydra_never_changes_directory_and_sweeps_into_subdirectories_named_by_their_values():
     hydra = _compose(["out_dir=runs/x"], hydra=True).hydra
     assert hydra.job.chdir is False and hydra.output_subdir is None
     assert hydra.run.dir == "runs/x" and hydra.sweep.dir == "runs/x"
-    assert OmegaConf.to_container(hydra.sweep)["subdir"] == "${hydra.job.num}"
+    assert OmegaConf.to_container(hydra.sweep)["subdir"] == "${sweep_job_name:${hydra.job.num}}"
     sweep = _compose(["experiment=pos_sweep"], hydra=True).hydra.sweeper.params
     assert sweep.pos == "sinusoidal,learned,rope,alibi,nope"
 
