@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from nanoattn.eval.compare import LENGTH_TABLE_CAPTION, is_length_table, length_table, load_report
+from nanoattn.eval.compare import is_length_table, length_table, length_table_caption, load_report
 from nanoattn.eval.plots import is_figure, plot_length_curves
 from nanoattn.eval.runs import is_path
 from nanoattn.runtime import check_output, write_atomic
@@ -25,6 +25,7 @@ class CompareLengthConfig:
     labels: list[str] | None = None  # one per path; None: the run directory names (rope/yarn4 for a scaling)
     out: str = "length_compare.png"  # the figure
     table: str | None = None  # also write the markdown table to this file
+    baseline: str | None = None  # a label: ratios to its perplexity at each length; None: to each run's 1x
 
     def __post_init__(self) -> None:
         own = "compare_length"
@@ -43,6 +44,8 @@ class CompareLengthConfig:
             fail(own, "table", self.table, "must be a file path or null")
         if self.table is not None and Path(self.table) == Path(self.out):
             fail(own, "table", self.table, "must be another file than out (the figure)")
+        if self.baseline is not None and not isinstance(self.baseline, str):
+            fail(own, "baseline", self.baseline, "must be one of the labels or null")
 
 
 def compare_length(cfg: CompareLengthConfig) -> str:
@@ -53,11 +56,13 @@ def compare_length(cfg: CompareLengthConfig) -> str:
     loaded = [load_report(p) for p in cfg.paths]
     labels = [str(name) for name in cfg.labels] if cfg.labels is not None else [name for name, _ in loaded]
     reports = [report for _, report in loaded]
+    if cfg.baseline is not None and cfg.baseline not in labels:
+        fail("compare_length", "baseline", cfg.baseline, f"must be one of the labels: {' | '.join(labels)}")
     out.parent.mkdir(parents=True, exist_ok=True)
     plot_length_curves(reports, labels, out)
-    table = length_table(reports, labels)
+    table = length_table(reports, labels, cfg.baseline)
     if cfg.table is not None:
         write_atomic(cfg.table, table)
-    print(LENGTH_TABLE_CAPTION + table, end="")
+    print(length_table_caption(cfg.baseline) + table, end="")
     print(f"wrote {out}" + (f" and {cfg.table}" if cfg.table else ""))
     return table

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from nanoattn.eval.compare import LENGTH_TABLE_CAPTION, length_table
+from nanoattn.eval.compare import length_table, length_table_caption
 from nanoattn.eval.length import MODES, REPORT_STEM, evaluate_lengths, held_out_stream
 from nanoattn.eval.plots import plot_length_curves
 from nanoattn.eval.runs import AtLengthsConfig, checkpoint_fields
@@ -80,7 +80,7 @@ def eval_length(cfg: LengthEvalConfig) -> dict[str, Any]:
     command fails too (after writing the report, which says why).
     """
     report = run_length_eval(cfg)
-    print(LENGTH_TABLE_CAPTION + length_table([report], [cfg.label()]), end="")
+    print(length_table_caption() + length_table([report], [cfg.label()]), end="")
     print(cfg.written())
     errors = [r["error"] for r in report["results"] if r.get("error")]
     if len(errors) == len(report["results"]):

@@ -53,14 +53,18 @@ LAB_COLUMNS = (("kv_bytes_per_token", "KV bytes/token", "{:,.0f}"),
                ("max_attn_logit", "max attention logit", "{:.1f}"))
 
 
-# What a length table's cells are, printed above it by the commands.
-LENGTH_TABLE_CAPTION = ("Perplexity on held-out text by evaluation length (tokens, and × the training "
-                        "length); in parentheses, its ratio to the same run's perplexity at its training "
-                        "length.\n")
+def length_table_caption(baseline: str | None = None) -> str:
+    """What a length table's cells are (``length_table``), printed above it by the commands."""
+    ratio = (f"to {baseline}'s perplexity at the same length" if baseline is not None
+             else "to the same run's perplexity at its training length")
+    return (f"Perplexity on held-out text by evaluation length (tokens, and × the training length); in "
+            f"parentheses, its ratio {ratio}.\n")
 
 
-def length_table(reports: Sequence[Mapping[str, Any]], labels: Sequence[str]) -> str:
-    """Rows: runs; columns: lengths; cells: ``ppl (ppl / ppl at the training length ×)``."""
+def length_table(reports: Sequence[Mapping[str, Any]], labels: Sequence[str],
+                 baseline: str | None = None) -> str:
+    """Rows: runs; columns: lengths; cells: ``ppl (ratio×)``, the ratio to the run's own perplexity at its
+    training length, or with ``baseline`` (one of ``labels``) to that run's at the same length."""
     lengths = sorted({r["length"] for report in reports for r in report["results"]})
     train_lengths = {report["train_seq_len"] for report in reports}
     shared = next(iter(train_lengths)) if len(train_lengths) == 1 else None
@@ -68,10 +72,12 @@ def length_table(reports: Sequence[Mapping[str, Any]], labels: Sequence[str]) ->
     # The labs' reports carry their run's price: training speed, and the KV cache per token.
     extras = [column for column in LAB_COLUMNS if any(report.get(column[0]) for report in reports)]
     header += [title for _, title, _ in extras]
+    reference = None if baseline is None else {r["length"]: r.get("ppl") for r in
+                                                reports[list(labels).index(baseline)]["results"]}
     rows = []
     for report, label in zip(reports, labels, strict=True):
         by_length = {r["length"]: r for r in report["results"]}
-        base = by_length.get(report["train_seq_len"], {}).get("ppl")
+        own = by_length.get(report["train_seq_len"], {}).get("ppl")
         cells = []
         for length in lengths:
             result = by_length.get(length)
@@ -80,6 +86,7 @@ def length_table(reports: Sequence[Mapping[str, Any]], labels: Sequence[str]) ->
             elif result.get("ppl") is None:
                 cells.append("n/a")
             else:
+                base = own if reference is None else reference.get(length)
                 ratio = f" ({result['ppl'] / base:.2f}×)" if base else ""
                 cells.append(f"{result['ppl']:.1f}{ratio}")
         cells += [form.format(report[key]) if report.get(key) else "" for key, _, form in extras]

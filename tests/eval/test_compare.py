@@ -14,7 +14,7 @@ import pytest
 from nanoattn.commands.compare_length import CompareLengthConfig, compare_length
 from nanoattn.commands.labs import AttentionLabConfig, LabConfig
 from nanoattn.eval import format_table, length_table, load_report, write_table
-from nanoattn.eval.compare import LENGTH_TABLE_CAPTION
+from nanoattn.eval.compare import length_table_caption
 from nanoattn.validation import from_dict
 
 REPO = Path(__file__).resolve().parents[2]
@@ -65,6 +65,18 @@ def test_mixed_training_lengths_head_columns_by_length_only():
     assert table.splitlines()[2:] == ["| a | 8.0 (1.00×) |  |", "| b | 7.0 (0.93×) | 7.5 (1.00×) |"]
 
 
+def test_ratios_to_a_named_baseline_are_at_the_same_length(two_runs, tmp_path):
+    base = {128: 8.0, 256: 10.0}
+    table = length_table([report(128, base), report(128, {128: 6.0, 256: 5.0})], ["rope", "alibi"], "rope")
+    assert table.splitlines()[2:] == ["| rope | 8.0 (1.00×) | 10.0 (1.00×) |",
+                                      "| alibi | 6.0 (0.75×) | 5.0 (0.50×) |"]
+    paths = [str(p) for p in two_runs[:2]]
+    with pytest.raises(ValueError, match=r"^compare_length.baseline='yarn' is invalid: must be one of the "
+                                         r"labels: "):
+        compare_length(CompareLengthConfig(paths=paths, out=str(tmp_path / "c.png"), baseline="yarn"))
+    assert not (tmp_path / "c.png").exists()
+
+
 def test_compare_writes_the_figure_and_the_table(two_runs, tmp_path, capsys):
     paths = [str(p) for p in two_runs]
     table = compare_length(CompareLengthConfig(paths=paths[:2], out=str(tmp_path / "cmp.png"),
@@ -72,7 +84,7 @@ def test_compare_writes_the_figure_and_the_table(two_runs, tmp_path, capsys):
     assert (tmp_path / "cmp.png").stat().st_size > 10_000
     assert (tmp_path / "cmp.md").read_text() == table and "| learned | 12.0 (1.00×) | n/a |" in table
     written = f"wrote {tmp_path / 'cmp.png'} and {tmp_path / 'cmp.md'}\n"
-    assert capsys.readouterr().out == LENGTH_TABLE_CAPTION + table + written
+    assert capsys.readouterr().out == length_table_caption() + table + written
     with pytest.raises(ValueError, match=re.escape("compare_length.labels=['x'] is invalid: must be a list "
                                                    "of one label per path (3)")):
         CompareLengthConfig(paths=paths, labels=["x"])
