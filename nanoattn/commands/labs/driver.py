@@ -25,7 +25,7 @@ Design choices:
   Every output is checked before any work (``check_page_output``).
 - ``quick=true`` is a lab's first look, in minutes: its ``Quick`` form's rows, one seed, a few
   training steps, under ``runs/<lab>_quick`` (its runs never meet the full lab's) with its page
-  beside them; it is not for publishing, so it refuses ``out``.
+  beside them; it is not for publishing, so it refuses ``out`` and ``values_from``.
 - The library never reaches into ``scripts/``: the training command is the lab script's to give
   (``Trainer``), and the lab runs it once per run.
 """
@@ -112,7 +112,8 @@ class LabRunsConfig:
 
     def every_row(self) -> LabRunsConfig:
         """This config with its row keys at their defaults: the lab's whole default set of rows."""
-        defaults = {f.name: f.default_factory() for f in dataclasses.fields(self) if f.name in self.row_keys}
+        defaults = {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
+                    for f in dataclasses.fields(self) if f.name in self.row_keys}
         return dataclasses.replace(self, **defaults)
 
 
