@@ -192,7 +192,7 @@ def test_train_steps_all_three_with_the_recipes_optimizer(monkeypatch):
     assert all(isinstance(optimizer, torch.optim.AdamW) for _, optimizer in stepped.values())
 
 
-def test_profile_splits_the_recipes_step_by_kind_of_work(fresh_attention_timings, monkeypatch):
+def test_profile_splits_the_recipes_step_by_kind_of_work(fresh_attention_timings, monkeypatch, capfd):
     """The default run's step (Muon) unless train_recipe says otherwise; every op's time counted once.
     SDPA's kernel is a kind of its own; in bf16 on CPU the default kernel choice, where timed faster
     (here made the answer), is matmuls and a softmax."""
@@ -209,6 +209,7 @@ def test_profile_splits_the_recipes_step_by_kind_of_work(fresh_attention_timings
         if options:
             assert ("attention" in {r["kind"] for r in rows}) == ("model.attn_kernel=sdpa" in str(options))
         assert [r["ms_per_step"] for r in rows] == sorted((r["ms_per_step"] for r in rows), reverse=True)
+    assert "profiler_start" not in capfd.readouterr().err  # the profiler's own lines are not the bench's
 
 
 def test_run_rate_leaves_out_the_first_window(tmp_path):

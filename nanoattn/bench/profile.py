@@ -16,7 +16,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+import os
+import sys
+from collections.abc import Iterator, Mapping
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -63,6 +66,22 @@ def profile_section(cfg: BenchConfig, done: Mapping[str, list[Row]]) -> list[Row
     return [row for compiled in steps for row in _profile(run, compiled, cfg.reps, device)]
 
 
+@contextlib.contextmanager
+def native_stderr_dropped() -> Iterator[None]:
+    """The process's stderr (fd 2) to /dev/null: the profiler's C++ side prints a line there at each
+    start and stop, past Python's ``sys.stderr``. Only those two calls are wrapped, so the step's own
+    warnings still show."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
 def _profile(run: RunConfig, compiled: bool, reps: int, device: torch.device) -> list[Row]:
     t = run.train
     amp, reason = autocast_dtype(t.dtype, device)
@@ -83,10 +102,14 @@ def _profile(run: RunConfig, compiled: bool, reps: int, device: torch.device) ->
         step()
     synchronize(device)
     activities = [ProfilerActivity.CUDA] if device.type == "cuda" else [ProfilerActivity.CPU]
-    with profile(activities=activities) as prof:
-        for _ in range(reps):
-            step()
-        synchronize(device)
+    prof = profile(activities=activities)
+    with native_stderr_dropped():
+        prof.start()
+    for _ in range(reps):
+        step()
+    synchronize(device)
+    with native_stderr_dropped():
+        prof.stop()
     times: dict[str, float] = {}
     for event in prof.key_averages():
         self_time = event.self_device_time_total if device.type == "cuda" else event.self_cpu_time_total
