@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from test_docs import LAB_CONFIGS  # each lab's config at its defaults
 
 from nanoattn import GPT, ModelConfig
 from nanoattn.checkpoint import save_checkpoint
@@ -118,7 +119,6 @@ def test_the_arithmetic_page_names_its_best_rows_reach_and_says_what_did_not_rep
 
 
 def test_every_lab_has_a_quick_form_of_its_own_rows_at_one_seed_in_a_runs_folder_of_its_own():
-    from test_docs import LAB_CONFIGS  # each lab's config at its defaults
     for name, cfg in LAB_CONFIGS.items():
         lab = LABS[name]
         quick = quick_config(lab, dataclasses.replace(cfg, quick=True))
