@@ -15,16 +15,43 @@ Every entry point asks these before it builds a model or a batch, and refuses wi
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+import torch.nn.init
+from torch.overrides import TorchFunctionMode
 
 from nanoattn.config import ModelConfig
 from nanoattn.model.gpt import GPT
 from nanoattn.runtime import check_fits, fits
 from nanoattn.validation import declared_defaults, is_int, largest_departure
+
+# torch.nn.init's in-place initializers (normal_, kaiming_uniform_, ...): torch dispatches them to a
+# function mode, as torch.device("meta") does.
+INITIALIZERS = frozenset(getattr(torch.nn.init, name) for name in dir(torch.nn.init)
+                         if name.endswith("_") and not name.startswith("_"))
+
+
+class _SkipInitializers(TorchFunctionMode):
+    """Every ``torch.nn.init`` initializer returns its tensor untouched: a meta tensor has no values,
+    and torch fills one through its reference implementations, whose first call imports
+    torch._dynamo, seconds of a script's start."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in INITIALIZERS:
+            return args[0] if args else kwargs["tensor"]
+        return func(*args, **(kwargs or {}))
+
+
+@contextlib.contextmanager
+def on_meta() -> Iterator[None]:
+    """Modules built inside have their shapes on the meta device, neither memory nor values."""
+    with torch.device("meta"), _SkipInitializers():
+        yield
+
 
 WEIGHT_BYTES = 4  # weights are float32 (autocast computes in bf16, it stores nothing narrower)
 ACTIVATION_BYTES = 2  # the narrowest element a forward pass computes in (bfloat16 autocast)
@@ -51,7 +78,7 @@ def meta_model(cfg: ModelConfig, device: torch.device | str = "cpu", *, owner: s
         name = largest_contributor(cfg, weights_at_least)
         check_fits(WEIGHT_BYTES * weights_at_least(cfg), device, f"a model of {shape}", at_least=True,
                    key=(owner, name, getattr(cfg, name)))
-    with torch.device("meta"):
+    with on_meta():
         model = GPT(cfg)
     count = model.num_params()
     if not fits(WEIGHT_BYTES * count, device):
@@ -62,7 +89,7 @@ def meta_model(cfg: ModelConfig, device: torch.device | str = "cpu", *, owner: s
 
 
 def parameter_count(cfg: ModelConfig) -> int:
-    with torch.device("meta"):
+    with on_meta():
         return GPT(cfg).num_params()
 
 

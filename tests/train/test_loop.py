@@ -347,9 +347,11 @@ def test_init_from_a_tied_checkpoint_refuses_a_head_rate_of_its_own(tmp_path, ti
 def test_importing_nanoattn_imports_neither_wandb_hydra_nor_datasets():
     """Nor matplotlib: a training process draws no figure and would pay its import at every start. Nor
     Dynamo, whose import is most of torch's own: only torch.compile imports it, and only models with an
-    abacus build one (its check runs between graphs)."""
+    abacus build one (its check runs between graphs); the meta model every script checks its memory
+    with is built without torch.nn.init's fills, whose meta forms would import it."""
     modules = ("wandb", "hydra", "datasets", "omegaconf", "matplotlib", "torch._dynamo")
     code = ("import sys, nanoattn, nanoattn.train, nanoattn.logging, nanoattn.generate; "
+            "from nanoattn.model import meta_model; meta_model(nanoattn.ModelConfig()); "
             f"print(sorted(m for m in {modules!r} if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

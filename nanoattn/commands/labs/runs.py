@@ -16,12 +16,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-import torch
-
 from nanoattn.checkpoint import CheckpointError, read_checkpoint_config, read_run_config, trained_length
 from nanoattn.config import ModelConfig
 from nanoattn.logging import duration_text, read_metrics
-from nanoattn.model import GPT
+from nanoattn.model import parameter_count
 from nanoattn.train.run_dir import differing_keys, reached_accuracy
 
 if TYPE_CHECKING:
@@ -155,8 +153,7 @@ def train_runs(command: Sequence[str], jobs: Mapping[Path, Sequence[str]], worke
 def run_scale(run: Path) -> dict[str, int]:
     """What a finished run trained: its model's parameters, its training tokens, its training length."""
     meta = read_checkpoint_config(run)
-    with torch.device("meta"):
-        parameters = GPT(ModelConfig.from_dict(meta["model"])).num_params()
+    parameters = parameter_count(ModelConfig.from_dict(meta["model"]))
     tokens = [r["tokens"] for r in read_metrics(run / "metrics.jsonl") if "tokens" in r]
     return {"parameters": parameters, "tokens": tokens[-1] if tokens else 0,
             "train_length": trained_length(meta)}
