@@ -157,8 +157,10 @@ def test_a_compiled_training_step_compiles_once(pos):
     while tracing (RoPE's static tables are built with the model, the abacus check is not traced), so
     the whole model compiles once per run.
     Dynamo alone (backend="eager") decides that: Inductor would only compile the same graphs."""
-    cfg = ModelConfig(vocab_size=64, d_model=32, n_layer=4, n_head=4, n_kv_head=2, d_ff=64, max_seq_len=32,
-                      abacus_digits=list(range(10)), **encoding_options()[pos])
+    fields = encoding_options()[pos]
+    layers = len(fields["pos"]) if isinstance(fields["pos"], list) else 1  # iRoPE's layout has four
+    cfg = ModelConfig(vocab_size=64, d_model=32, n_layer=layers, n_head=4, n_kv_head=2, d_ff=64,
+                      max_seq_len=32, abacus_digits=list(range(10)), **fields)
     net = torch.compile(LossModule(GPT(cfg).train()), backend="eager")
     idx = torch.randint(0, 64, (2, 32), generator=torch.Generator().manual_seed(0))
     torch._dynamo.reset()
