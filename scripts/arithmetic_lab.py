@@ -3,6 +3,7 @@
     python scripts/arithmetic_lab.py train=true                      # every row at seeds 0-2, scored at 1-4x
     python scripts/arithmetic_lab.py train=true digits=8 'rows=[nope,abacus_fire,coupling_ape]'
     python scripts/arithmetic_lab.py out=docs/results                # publish the page from existing runs
+    python scripts/arithmetic_lab.py calibrate=control_budget train=true  # the control at growing budgets
 
 Runs go to runs/arithmetic/<row>/seed<k>, the page to runs/arithmetic/arithmetic.{md,json,png} unless
 ``out`` names a folder. Every key: ``nanoattn.commands.labs.ArithmeticLabConfig``; mistakes end in one

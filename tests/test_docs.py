@@ -52,7 +52,8 @@ LAB_CONFIGS = {"extrapolation": LabConfig(), "passkey": LabConfig(passkey=True),
                "attention": AttentionLabConfig(), "tasks": TaskLabConfig(),
                "task_budget": TaskLabConfig(calibrate="task_budget"),
                "addition_calibration": TaskLabConfig(calibrate="addition_calibration"),
-               "arithmetic": ArithmeticLabConfig()}
+               "arithmetic": ArithmeticLabConfig(),
+               "control_budget": ArithmeticLabConfig(calibrate="control_budget")}
 
 
 def row_option(label: str) -> str | None:

@@ -18,6 +18,7 @@ from nanoattn import GPT, ModelConfig
 from nanoattn.checkpoint import save_checkpoint
 from nanoattn.commands.labs import (
     ARITHMETIC_ROWS,
+    CONTROL_BUDGETS,
     DIGIT_FACTORS,
     LABS,
     ArithmeticLabConfig,
@@ -98,6 +99,36 @@ def test_the_arithmetic_labs_rows_are_its_methods_at_its_digits():
     assert rows["random_rope"] == ("pos=rope", "train.random_positions=40", "task.train_length=3")
     with pytest.raises(ValueError, match="^arithmetic_lab.rows='sort' is invalid: allowed: nope \\| rope"):
         ArithmeticLabConfig(rows=["nope", "sort"])
+
+
+def test_the_control_budget_trains_the_arithmetic_labs_control_at_each_shape_and_budget():
+    rows = {row.label: row.train for row in LABS["control_budget"].rows(ArithmeticLabConfig(
+        calibrate="control_budget"))}
+    assert list(rows) == list(CONTROL_BUDGETS)
+    for name, train in rows.items():
+        # The control's own overrides, the authors' coupled-id range for 5 digits, then the budget.
+        assert train == (*ARITHMETIC_ROWS["coupling_paper"], "task.max_position=17", *CONTROL_BUDGETS[name],
+                         "task.train_length=5")
+    assert "train.max_steps=10000" in rows["d128_b128_10k"] and "train.batch_size=256" in rows["d256_b256_3k"]
+    with pytest.raises(ValueError, match=r"^arithmetic_lab\.digits=3 is invalid: calibrate=control_budget "
+                                         r"trains the authors' block of 5 digits$"):
+        ArithmeticLabConfig(calibrate="control_budget", digits=3)
+    with pytest.raises(ValueError, match=r"^arithmetic_lab\.calibrate='task_budget' is invalid: allowed: "
+                                         r"control_budget$"):
+        ArithmeticLabConfig(calibrate="task_budget")
+
+
+def test_the_control_budget_page_names_the_best_row_at_2x_and_the_authors_budget():
+    notes = LABS["control_budget"].notes
+    values = {"small": {"exact 1x": [1.0], "exact 2x": [0.5], "additions": [400_000]},
+              "large": {"exact 1x": [1.0], "exact 2x": [0.92], "additions": [5_000_000]},
+              "unlearned": {"exact 1x": [0.3], "exact 2x": [0.99], "additions": [100]}}
+    assert notes(values) == [
+        "**Best at 2D digits: large, exact match 0.920**, which reaches the arithmetic lab's bar of 0.9.",
+        "Cho et al.'s smallest reported run trained on 50,000,000 additions, 10x this page's largest "
+        "(5,000,000)."]
+    values["large"]["exact 2x"] = [0.84]
+    assert "which stays below the arithmetic lab's bar of 0.9" in notes(values)[0]
 
 
 def test_the_arithmetic_page_names_its_best_rows_reach_and_says_what_did_not_reproduce():

@@ -31,6 +31,7 @@ from nanoattn.commands.labs.runs import (
 from nanoattn.commands.labs.tasks import (
     ARITHMETIC_ROWS,
     BUDGET_FACTOR,
+    CONTROL_BUDGETS,
     DIGIT_FACTORS,
     LEARNED,
     TASK_LAB_ENCODINGS,
@@ -189,10 +190,12 @@ def task_lab(cfg: TaskLabConfig, trainer: Trainer) -> dict[str, Any]:
 
 
 def arithmetic_lab(cfg: ArithmeticLabConfig, trainer: Trainer) -> dict[str, Any]:
-    return run_lab(LABS["arithmetic"], cfg, trainer)
+    """The command: the arithmetic lab, or with ``calibrate`` its control's budgets."""
+    return run_lab(LABS[cfg.calibrate or "arithmetic"], cfg, trainer)
 
 
-__all__ = ["ARITHMETIC_ROWS", "BUDGET_FACTOR", "DIGIT_FACTORS", "LABS", "LEARNED", "TASK_LAB_ENCODINGS",
-           "TASK_LAB_TASKS", "ArithmeticLabConfig", "AttentionLabConfig", "Lab", "LabConfig", "LabRunsConfig",
-           "Row", "TaskLabConfig", "Trainer", "arithmetic_lab", "attention_lab", "extrapolation_lab",
-           "is_finished", "lab_jobs", "run_lab", "task_lab", "train_runs"]
+__all__ = ["ARITHMETIC_ROWS", "BUDGET_FACTOR", "CONTROL_BUDGETS", "DIGIT_FACTORS", "LABS", "LEARNED",
+           "TASK_LAB_ENCODINGS", "TASK_LAB_TASKS", "ArithmeticLabConfig", "AttentionLabConfig", "Lab",
+           "LabConfig", "LabRunsConfig", "Row", "TaskLabConfig", "Trainer", "arithmetic_lab",
+           "attention_lab", "extrapolation_lab", "is_finished", "lab_jobs", "run_lab", "task_lab",
+           "train_runs"]

@@ -1,4 +1,4 @@
-"""The task-family labs: the task lab, its two calibrations, and the arithmetic lab.
+"""The task-family labs: the task lab, its two calibrations, the arithmetic lab and its control's budgets.
 
 - Each is a ``Lab`` of the driver (``driver.py``) in ``TASK_LABS``, which the package's one
   registry ``LABS`` takes in beside the perplexity labs; the command functions that look a lab up
@@ -7,7 +7,8 @@
   runs; its calibrations train those runs to the step they learn (``task_budget``, the task lab's
   step budget) and Lee et al. 2023's addition at their shape (``addition_calibration``). The
   arithmetic lab's rows are the methods its papers compare (``ARITHMETIC_ROWS``), each a run's
-  overrides.
+  overrides; its calibration ``control_budget`` trains its positive control, ``coupling_paper``, at
+  growing shapes and budgets (``CONTROL_BUDGETS``).
 - All score exact match in size bins (``nanoattn.eval.tasks``), and a row that did not learn its
   task at 1x is shown as such and not judged past it.
 """
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from nanoattn.checkpoint import read_checkpoint_config
+from nanoattn.checkpoint import read_checkpoint_config, read_run_config
 from nanoattn.commands.eval_task import TaskEvalConfig, run_task_eval
 from nanoattn.commands.labs import papers
 from nanoattn.commands.labs.driver import Lab, LabRunsConfig, Quick, Report, Row
@@ -74,6 +75,25 @@ ARITHMETIC_ROWS: dict[str, tuple[str, ...]] = {
                        "task.reversed_operands=false", "model.n_layer=1"),
     "hints_nope": ("pos=nope", "task.index_hints=true"),
 }
+# The arithmetic lab's calibration (calibrate=control_budget): its positive control, coupling_paper, in the
+# authors' 5 -> 10 digit block (task.max_position=17, 1 layer, 2 heads at d_model 512 in their script) at
+# the shapes and budgets this CPU trains, each a cosine over its whole run; the authors report no accuracy
+# for that block, and their smallest reported run is CHO_SMALLEST_RUN additions.
+CONTROL_BUDGETS: dict[str, tuple[str, ...]] = {
+    "d128_b128_3k": ("model.d_model=128", "model.n_head=2", "model.n_kv_head=2", "model.d_ff=512",
+                     "train.batch_size=128", "train.max_steps=3000"),
+    "d256_b256_3k": ("model.d_model=256", "model.n_head=2", "model.n_kv_head=2", "model.d_ff=1024",
+                     "train.batch_size=256", "train.max_steps=3000"),
+    "d128_b128_10k": ("model.d_model=128", "model.n_head=2", "model.n_kv_head=2", "model.d_ff=512",
+                      "train.batch_size=128", "train.max_steps=10000", "train.decay_steps=null",
+                      "train.eval_interval=1000"),
+    "d128h4_b256_20k": ("model.d_model=128", "model.n_head=4", "model.n_kv_head=4", "model.d_ff=512",
+                        "train.batch_size=256", "train.max_steps=20000", "train.decay_steps=null",
+                        "train.eval_interval=2000"),
+}
+CONTROL_DIGITS = 5  # the authors' block trains on 1-5 digits
+CHO_SMALLEST_RUN = 50_000 * 1_000  # 1 layer at d_model 1,024: 50k steps x 1,000 additions of 1-30 digits
+ARITHMETIC_CALIBRATIONS = ("control_budget",)
 
 
 @dataclass
@@ -142,6 +162,8 @@ class ArithmeticLabConfig(ScoredLabConfig):
 
     owner: ClassVar[str] = "arithmetic_lab"
     row_keys: ClassVar[tuple[str, ...]] = ("rows",)
+    # control_budget: the positive control at each of CONTROL_BUDGETS instead of the lab's rows.
+    calibrate: str | None = None
     digits: int = 5  # D: training operands have up to D digits (task.train_length); scored up to 4 D
     rows: list[str] = dataclasses.field(default_factory=lambda: list(ARITHMETIC_ROWS))  # of ARITHMETIC_ROWS
 
@@ -149,6 +171,11 @@ class ArithmeticLabConfig(ScoredLabConfig):
         super().__post_init__()
         check_positive_int(self.owner, "digits", self.digits)
         self.check_names("rows", ARITHMETIC_ROWS)
+        if self.calibrate is not None:
+            check_choice(self.owner, "calibrate", self.calibrate, ARITHMETIC_CALIBRATIONS)
+            if self.digits != CONTROL_DIGITS:
+                fail(self.owner, "digits", self.digits,
+                     f"calibrate={self.calibrate} trains the authors' block of {CONTROL_DIGITS} digits")
         for places in ({}, {"index_hints": True}):  # the widest rows: index hints double the digits
             task = TaskConfig(name="addition", train_length=self.digits, **places)
             check_bins_fit(self.owner, task.build(), self.digits, self.factors, self.per_bin,
@@ -170,6 +197,37 @@ def arithmetic_rows(cfg: ArithmeticLabConfig) -> list[Row]:
     longest = row_inputs(TaskConfig(name="addition").build(), int(max(cfg.factors) * cfg.digits))
     return [Row(name, name, (*(o.format(longest=longest) for o in ARITHMETIC_ROWS[name]),
                              f"task.train_length={cfg.digits}")) for name in cfg.rows]
+
+
+def control_budget_rows(cfg: ArithmeticLabConfig) -> list[Row]:
+    return [Row(name, name, (*ARITHMETIC_ROWS["coupling_paper"], "task.max_position=17", *budget,
+                             f"task.train_length={cfg.digits}"))
+            for name, budget in CONTROL_BUDGETS.items()]
+
+
+def control_budget_report(cfg: ArithmeticLabConfig, run: Path, row: Row) -> Report:
+    """The arithmetic lab's report, with the additions the run trained on (steps x batch)."""
+    report = task_report(cfg, run, row)
+    return {**report, "additions": report["step"] * read_run_config(run, "train")["batch_size"]}
+
+
+def control_budget_cells(report: Report) -> dict[str, float | None]:
+    return {**task_cells(report), "additions": report["additions"]}
+
+
+def control_budget_notes(values: Mapping[str, Mapping[str, Sequence[float | None]]]) -> list[str]:
+    """The best row at 2x against the lab's bar, and the largest budget against the authors' smallest."""
+    at_2x = {label: statistics.fmean(cells["exact 2x"]) for label, cells in values.items()
+             if task_status(cells) is None and None not in cells.get("exact 2x", [None])}
+    largest = max(max(cells["additions"]) for cells in values.values())
+    line = (f"Cho et al.'s smallest reported run trained on {CHO_SMALLEST_RUN:,} additions, "
+            f"{CHO_SMALLEST_RUN / largest:,.0f}x this page's largest ({largest:,.0f}).")
+    if not at_2x:
+        return ["No row learned addition at D digits.", line]
+    best = max(at_2x, key=at_2x.get)
+    verdict = "reaches" if at_2x[best] >= GENERALIZES else "stays below"
+    return [f"**Best at 2D digits: {best}, exact match {at_2x[best]:.3f}**, which {verdict} the arithmetic "
+            f"lab's bar of {GENERALIZES}.", line]
 
 
 def task_report(cfg: TaskLabConfig, run: Path, row: Row) -> Report:
@@ -260,7 +318,8 @@ NOT_REPRODUCED = (
     "(`references.md`); every row scored learned D digits (`exact 1x`). What differs from the papers: D "
     "(they train on 20-40 digits), the model (4 layers at d_model 128; McLeish et al.'s has 16), the "
     "budget (`configs/experiment/arithmetic.yaml`), and the operands of one instance, which have the same"
-    " number of digits here where McLeish et al. train on every pair of operand lengths.")
+    " number of digits here where McLeish et al. train on every pair of operand lengths. The positive "
+    "control at larger shapes and budgets: `control_budget.md`.")
 
 
 def generalization_reach(cells: Mapping[str, Sequence[float | None]]) -> float:
@@ -339,4 +398,14 @@ TASK_LABS: tuple[Lab, ...] = (
         arithmetic_rows, task_report, task_cells, plot_tasks, status=task_status, notes=arithmetic_notes,
         rates=exact_rates, claims=papers.ARITHMETIC,
         quick=Quick(("nope", "coupling_paper"), ("train.max_steps=600",), {"per_bin": 200})),
+    Lab("control_budget", "The arithmetic lab's positive control at growing budgets",
+        "Each row trains the arithmetic lab's positive control, `coupling_paper` (Cho et al. 2024's position "
+        "coupling in the format and 1-layer shape of their code), on addition of up to 5 digits with "
+        "`task.max_position=17`, as in the 5 -> 10 digit block of their scripts, at one shape and budget "
+        "(`CONTROL_BUDGETS`: d_model, batch and steps in the row's name, a cosine over the whole run), "
+        "then scores exact match as the arithmetic lab does; `additions` is steps x batch. The arithmetic "
+        f"lab's bar is {GENERALIZES} exact match at 2D digits.",
+        control_budget_rows, control_budget_report, control_budget_cells, plot_tasks, status=task_status,
+        notes=control_budget_notes, rates=exact_rates, experiment="arithmetic",
+        quick=Quick(("d128_b128_3k",), ("train.max_steps=600",), {"per_bin": 200})),
 )
