@@ -120,19 +120,30 @@ TRACEBACKS = [  # (script, overrides, the refusal): each of these once ended in 
     ("train", ["experiment=tasks", "task=copy", "recipe=adamw_baseline"],
      r"recipe=adamw_baseline is invalid with experiment=tasks: the experiment sets train\.optimizer='muon' "
      r"\(the recipe: 'adamw'\); set each on the command line to choose, or drop recipe="),
+    # sample's and export_hf's other command-line mistakes: tests/test_sample_cli.py and tests/test_hf.py
+    # start one real process each for a mistake (its one line, no traceback), so these need no process.
+    ("sample", [], r"sample\.ckpt=None is invalid"),
+    ("sample", ["ckpt={rope}/nothing"], r".*does not exist"),
+    # dotted rope_scaling keys need no '+': the scaling reaches the model's validation
+    ("sample", ["ckpt={rope}/checkpoints/10", "rope_scaling.type=bogus", "rope_scaling.factor=4"],
+     r".*type='bogus' is invalid"),
+    ("export_hf", ["ckpt={rope}"], r"export_hf\.out=None is invalid"),
+    ("export_hf", ["out=hf"], r"export_hf\.ckpt=None is invalid"),
 ]
 
 
 @pytest.mark.parametrize(("script", "overrides", "refusal"), TRACEBACKS,
                          ids=[f"{s}-{'-'.join(o)[-40:]}" for s, o, _ in TRACEBACKS])
-def test_each_mistake_is_one_line_naming_its_key(runs, tmp_path, monkeypatch, script, overrides, refusal):
-    if "task_eval.json" in overrides[0]:  # a report of another kind than compare_length reads
+def test_each_mistake_is_one_line_naming_its_key(runs, tmp_path, monkeypatch, capsys, script, overrides,
+                                                 refusal):
+    if any("task_eval.json" in arg for arg in overrides):  # another kind of report than compare_length reads
         (runs["task"] / "task_eval.json").write_text(json.dumps(
             {"checkpoint": "x", "results": [{"factor": 1.0, "exact": 0.5}]}))
     monkeypatch.chdir(tmp_path)  # a training run's directory, never the checkout
     args = [arg.format(**runs) for arg in overrides]
     expect_one_line(run_script(monkeypatch, script, *args, *(["logger=none"] if script == "train" else [])),
                     refusal)
+    assert capsys.readouterr().out == ""  # the refusal alone, on stderr
 
 
 @pytest.mark.parametrize("content", ["- a list\n", "data: [unclosed\n", "{section}: 3\n"])
