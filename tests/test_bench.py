@@ -8,6 +8,7 @@ are one-line errors naming the key.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import runpy
 import subprocess
@@ -35,14 +36,14 @@ from nanoattn.bench import (
     run_bench,
     run_sections,
 )
-from nanoattn.bench.bare import BareGPT
+from nanoattn.bench.bare import IMPLEMENTED, PLAIN, BareGPT
 from nanoattn.bench.core import DEFAULT_RECIPE, shape_text
 from nanoattn.bench.labs import LAB_JOBS, job_order
 from nanoattn.bench.speedrun import recipe, scores, time_to, training_curve, value_at
 from nanoattn.bench.train import TwinLoss, training_twin
 from nanoattn.bench.variants import bench_attention
 from nanoattn.config import ModelConfig, RunConfig, preset
-from nanoattn.config.options import encoding_options
+from nanoattn.config.options import ATTENTION_VARIANTS, encoding_options
 from nanoattn.model import kernels
 from nanoattn.train import step
 from nanoattn.validation import from_dict
@@ -421,6 +422,27 @@ def test_the_bare_reference_and_the_twin_compute_gpts_loss_from_its_weights(toke
         torch.testing.assert_close(TwinLoss(training_twin(ours, torch.device("cpu")))(x, y), ours.loss(x, y))
     with pytest.raises(ValueError, match=r"model.pos='alibi' is outside the bare reference"):
         BareGPT(ModelConfig(vocab_size=64, d_model=32, n_layer=1, n_head=4, pos="alibi"))
+
+
+def test_the_bare_reference_refuses_every_variant_and_encoding_it_does_not_compute():
+    """Its plain values are every config field's default but those it reads: a variant whose fields it
+    never listed (sigmoid scores, FoX, selective attention, value embeddings, K/V shift) is refused
+    too, in one line naming a field the variant sets. What it computes (token shift) builds."""
+    base = ModelConfig(vocab_size=64, d_model=32, n_layer=4, n_head=4, n_kv_head=2, max_seq_len=16)
+    options = {**ATTENTION_VARIANTS, **encoding_options()}
+    computed = {name for name, fields in options.items()
+                if all(field in IMPLEMENTED or value == PLAIN[field] for field, value in fields.items())}
+    assert computed == {"plain", "token_shift", "rope"}
+    for name, fields in options.items():
+        if name in computed:
+            BareGPT(dataclasses.replace(base, **fields))
+            continue
+        with pytest.raises(ValueError) as refusal:
+            BareGPT(dataclasses.replace(base, **fields))
+        message = str(refusal.value)
+        assert "\n" not in message and message.endswith(")"), name
+        field = message.removeprefix("model.").split("=", 1)[0]
+        assert field in fields and " is outside the bare reference (it implements " in message, name
 
 
 def test_the_sweep_table_has_steps_to_target_per_seed_and_a_mean_per_recipe(tmp_path):

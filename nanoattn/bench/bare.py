@@ -16,12 +16,16 @@ import torch.nn.functional as F
 from torch import nn
 
 from nanoattn.config import ModelConfig
+from nanoattn.validation import declared_defaults
 
-# What BareGPT implements; any other value of these fields is refused.
-PLAIN = {"pos": "rope", "norm": "rmsnorm", "mlp": "swiglu", "bias": False, "rope_fraction": 1.0,
-         "rope_scaling": None, "qk_norm": "none", "sliding_window": None, "attn_sinks": False,
-         "diff_attn": False, "mla_kv_rank": None, "attn_softcap": None, "logit_softcap": None, "dropout": 0.0,
-         "attn_gate": "none", "ssmax": False, "xsa": False, "canon": 0}
+# The fields BareGPT reads: the shape, RoPE's base, the norm's epsilon, token shift, tied embeddings, the
+# initialization (its weights are a GPT's) and the attention kernel (a route to the same function). Every
+# other field must hold its declared default, the plain block's value, so that a mechanism added to the
+# config later is refused here rather than silently left out.
+IMPLEMENTED = frozenset({"vocab_size", "d_model", "n_layer", "n_head", "n_kv_head", "d_ff", "ffn_multiple_of",
+                         "max_seq_len", "rope_theta", "norm_eps", "token_shift", "tie_embeddings", "init_std",
+                         "attn_kernel"})
+PLAIN = {name: value for name, value in declared_defaults(ModelConfig).items() if name not in IMPLEMENTED}
 
 
 class BareBlock(nn.Module):
