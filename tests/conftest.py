@@ -38,6 +38,16 @@ def pytest_unconfigure(config):
         shutil.rmtree(os.environ.pop(SUITE_CACHE), ignore_errors=True)
 
 
+# Where the tests that train in subprocesses or compile live. xdist's workers start from the two halves of
+# the collection and steal from each other's queues: with these first, each worker's last tests are
+# short ones, and neither waits at the end for the other's long test.
+LONG_TESTS_FIRST = ("tests/train/", "tests/eval/test_labs.py", "tests/test_generate.py", "tests/test_hf.py")
+
+
+def pytest_collection_modifyitems(items):
+    items.sort(key=lambda item: not item.nodeid.startswith(LONG_TESTS_FIRST))  # stable: order kept within
+
+
 @pytest.fixture(autouse=True)
 def torch_determinism_as_found():
     """A compiled training step switches torch's deterministic algorithms on for its whole process
