@@ -20,6 +20,12 @@ from typing import Any, ClassVar
 from nanoattn.commands.eval_length import LengthEvalConfig, run_length_eval
 from nanoattn.commands.eval_passkey import PasskeyEvalConfig, run_passkey_eval
 from nanoattn.commands.labs import papers
+from nanoattn.commands.labs.arithmetic import (
+    ARITHMETIC_LABS,
+    ARITHMETIC_ROWS,
+    CONTROL_BUDGETS,
+    ArithmeticLabConfig,
+)
 from nanoattn.commands.labs.driver import Lab, LabRunsConfig, Quick, Report, Row, Trainer, run_lab
 from nanoattn.commands.labs.runs import (
     is_finished,
@@ -29,15 +35,12 @@ from nanoattn.commands.labs.runs import (
     train_runs,
 )
 from nanoattn.commands.labs.tasks import (
-    ARITHMETIC_ROWS,
     BUDGET_FACTOR,
-    CONTROL_BUDGETS,
     DIGIT_FACTORS,
     LEARNED,
     TASK_LAB_ENCODINGS,
     TASK_LAB_TASKS,
     TASK_LABS,
-    ArithmeticLabConfig,
     TaskLabConfig,
 )
 from nanoattn.config.options import ATTENTION_VARIANTS, encoding_options
@@ -172,6 +175,7 @@ LABS: dict[str, Lab] = {lab.name: lab for lab in (
         attention_report, attention_cells, plot_length_curves, claims=papers.ATTENTION,
         quick=Quick(("plain", "qk_norm"), QUICK_STEPS, QUICK_TOKENS)),
     *TASK_LABS,
+    *ARITHMETIC_LABS,
 )}
 
 
