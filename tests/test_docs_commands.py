@@ -1,7 +1,8 @@
 """The documented commands do not rot: every ``python scripts/<name>.py ...`` (or ``torchrun ...
 scripts/<name>.py``) line of a fenced bash block in README.md and docs/*.md composes with Hydra's
 compose API (the script's config, the command's overrides; each value of a ``-m`` sweep), and a
-training command passes the checks the script makes of its choices. Nothing is run.
+training command passes the checks the script makes of its choices. ``eval_harness``, lm-eval's
+command line, is parsed by lm-eval's own parser. Nothing is run.
 
 An argument holding ``[]{}*?`` must be quoted: bash globs it and passes it on only when no file
 matches, and zsh refuses the command outright.
@@ -112,9 +113,16 @@ def _overrides(arguments: list[str]) -> list[list[str]]:
 
 
 @pytest.mark.parametrize(("where", "script", "arguments", "written"), COMMANDS, ids=[c[0] for c in COMMANDS])
-def test_each_documented_command_composes(where, script, arguments, written):
+def test_each_documented_command_composes(where, script, arguments, written, monkeypatch):
     unquoted = [word for word in written if _unquoted(word) & GLOB]
     assert not unquoted, f"{where}: quote {unquoted} (bash globs it; zsh refuses it)"
+    if script == "eval_harness":
+        from lm_eval._cli import HarnessCLI
+
+        monkeypatch.setattr(sys, "argv", [script, *(PLACEHOLDER.sub(r"\1", a) for a in arguments)])
+        parsed = HarnessCLI().parse_args()  # exits with its usage on an option it does not know
+        assert parsed.model == "nanoattn" and parsed.tasks, where
+        return
     importlib.import_module(script)  # registers the script's schema (and the registries' groups)
     GlobalHydra.instance().clear()
     try:
