@@ -11,6 +11,11 @@ PRESETS: dict[str, dict[str, Any]] = {
     # GPT-2 small (Radford et al. 2019): 124,439,808 parameters with tied embeddings.
     "gpt2-small": dict(vocab_size=50257, d_model=768, n_layer=12, n_head=12, max_seq_len=1024,
                        pos="learned", norm="layernorm", mlp="gelu", bias=True, tie_embeddings=True),
+    # The modern block at GPT-2 small's shape (RoPE, RMSNorm, SwiGLU at 8/3 of d_model, no biases, tied
+    # embeddings), as the nanoGPT speedruns train it: 123,587,328 parameters with GPT-2's vocabulary
+    # padded to a multiple of 128 (a training run fits vocab_size to its tokenizer).
+    "llama-124m": dict(vocab_size=50304, d_model=768, n_layer=12, n_head=12, d_ff=2048, max_seq_len=1024,
+                       pos="rope", norm="rmsnorm", mlp="swiglu", bias=False, tie_embeddings=True),
     # LLaMA-7B shape (Touvron et al. 2023): 6,738,415,616 parameters.
     "llama-7b": dict(vocab_size=32000, d_model=4096, n_layer=32, n_head=32, max_seq_len=2048,
                      pos="rope", norm="rmsnorm", mlp="swiglu", bias=False, tie_embeddings=False,

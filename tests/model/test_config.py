@@ -28,8 +28,12 @@ def test_gpt2_small_attention_is_4d2_plus_4d_per_layer():
 def test_gpt2_small_and_llama_7b_totals_on_meta_device():
     with torch.device("meta"):
         gpt2 = GPT(preset("gpt2-small"))
+        modern = GPT(preset("llama-124m"))
         llama = GPT(preset("llama-7b"))
     assert gpt2.num_params() == 124_439_808
+    # GPT-2 small's shape in the modern block: SwiGLU's three matrices at 8/3 of d_model hold what GELU's two
+    # at 4x do, no biases, RoPE for the learned table, the vocabulary padded to 50,304.
+    assert modern.num_params() == 123_587_328 and modern.cfg.ffn_dim == 2048
     assert llama.num_params() == 6_738_415_616
     assert llama.cfg.ffn_dim == 11008  # 8/3 * 4096 rounded up to a multiple of 256
     assert next(llama.parameters()).device.type == "meta"
