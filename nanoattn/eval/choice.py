@@ -66,11 +66,12 @@ def continuation_logprobs(model: GPT, pairs: Sequence[tuple[list[int], list[int]
         x = torch.zeros((len(chunk), width), dtype=torch.long)  # the padding: any token id
         for row, tokens in enumerate(chunk):
             x[row, :len(tokens) - 1] = torch.tensor(tokens[:-1])
-        logprobs = model(x.to(model.tok_emb.weight.device)).float().log_softmax(-1).cpu()
+        hidden = model.hidden_states(x.to(model.tok_emb.weight.device))[0]  # [B, T, d_model]
         for row, (tokens, (_, continuation)) in enumerate(zip(chunk, pairs[first:], strict=False)):
             read = slice(len(tokens) - 1 - len(continuation), len(tokens) - 1)
             target = torch.tensor(continuation)
-            scores = logprobs[row, read]  # [len(continuation), vocab]
+            # Logits at the continuation's positions only: [B, T, vocab] would not fit a long batch.
+            scores = model.logits(hidden[row, read]).float().log_softmax(-1).cpu()  # [len(continuation), V]
             results.append((scores.gather(-1, target[:, None]).sum().item(),
                             bool((scores.argmax(-1) == target).all())))
     return results
