@@ -27,21 +27,26 @@ from nanoattn.eval.runs import load_for_eval
 from nanoattn.generate import generate
 
 DEFAULT_GEN_TOKENS = 256  # lm-eval's own default when a task sets no max_gen_toks
+DEFAULT_BATCH = 32  # inputs per forward pass when lm-eval's --batch_size is auto or unset
 
 
 @register_model("nanoattn")
 class NanoattnLM(LM):
-    """``--model_args ckpt=<run or checkpoint>[,device=cpu]``; ``--batch_size`` as lm-eval's."""
+    """``--model_args ckpt=<run or checkpoint>[,device=cpu]``; ``--batch_size`` as lm-eval's (``auto``:
+    DEFAULT_BATCH, at most ``--max_batch_size``)."""
 
-    def __init__(self, ckpt: str, device: str | None = None, batch_size: int | str | None = 32,
-                 **unused: Any) -> None:
+    def __init__(self, ckpt: str, device: str | None = None, batch_size: int | str | None = None,
+                 max_batch_size: int | None = None, **unused: Any) -> None:
         super().__init__()
         if unused:
             raise ValueError(f"--model_args {', '.join(sorted(unused))} are invalid for --model nanoattn: "
                              "allowed: ckpt, device")
         checkpoint, self.data = load_for_eval(ckpt, device=device or "cpu")
         self.model = checkpoint.model.eval()
-        self.batch_size = 32 if batch_size in (None, "auto") else int(batch_size)
+        if batch_size is None or str(batch_size).startswith("auto"):
+            self.batch_size = min(DEFAULT_BATCH, int(max_batch_size or DEFAULT_BATCH))
+        else:
+            self.batch_size = int(batch_size)
         self.eot = self.data.eot_id
 
     def _ids(self, text: str) -> list[int]:
