@@ -9,22 +9,21 @@ package by itself); ``scripts/eval_harness.py`` imports it, then hands over to l
   own multiple-choice scorer uses, so the two agree on the same items.
 - ``loglikelihood_rolling`` scores each document in windows of ``max_seq_len`` tokens, every token
   predicted once with the longest context the window allows (lm-eval's rolling windows).
-- ``generate_until`` decodes greedily, ``max_gen_toks`` tokens at most, and cuts the text at the
-  first of its ``until`` strings.
+- ``generate_until`` decodes greedily (``nanoattn.text.sample_text``), ``max_gen_toks`` tokens at
+  most, ending the text before the first of its ``until`` strings.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import torch
 from lm_eval import utils
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 
 from nanoattn.eval.choice import continuation_logprobs, with_start
 from nanoattn.eval.runs import load_for_eval
-from nanoattn.generate import generate
+from nanoattn.text import sample_text
 
 DEFAULT_GEN_TOKENS = 256  # lm-eval's own default when a task sets no max_gen_toks
 DEFAULT_BATCH = 32  # inputs per forward pass when lm-eval's --batch_size is auto or unset
@@ -68,18 +67,15 @@ class NanoattnLM(LM):
             totals.append(sum(logprob for logprob, _ in scored))
         return totals
 
-    @torch.no_grad()
     def generate_until(self, requests) -> list[str]:
         texts = []
         for context, options in (request.args for request in requests):
             until = options.get("until") or []
-            until = [until] if isinstance(until, str) else list(until)
+            stop = [until] if isinstance(until, str) else until
             limit = self.model.cfg.max_seq_len
             new = min(int(options.get("max_gen_toks", DEFAULT_GEN_TOKENS)), limit - 1)
-            ids = with_start(self.data, context)[-(limit - new):]
-            idx = torch.tensor([ids], device=self.model.tok_emb.weight.device)
-            out = generate(self.model, idx, new, temperature=0, stop_tokens=[self.eot])[0, len(ids):].tolist()
-            text = self.data.tokenizer.decode([t for t in out if t != self.eot])
-            cuts = [text.index(stop) for stop in until if stop in text]
-            texts.append(text[:min(cuts)] if cuts else text)
+            prompt = with_start(self.data, context)[-(limit - new):]
+            (text,), _ = sample_text(self.model, self.data.tokenizer, prompt, new, temperature=0,
+                                     stop=stop, stop_tokens=[self.eot])
+            texts.append(text)
         return texts
