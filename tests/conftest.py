@@ -11,6 +11,7 @@ own, which its xdist workers and every subprocess inherit through ``$NANOATTN_CA
 at the end. Each session therefore starts cold, as on CI's fresh machine.
 """
 
+import gc
 import os
 import shutil
 import sys
@@ -46,6 +47,12 @@ LONG_TESTS_FIRST = ("tests/train/", "tests/eval/test_labs.py", "tests/test_gener
 
 def pytest_collection_modifyitems(items):
     items.sort(key=lambda item: not item.nodeid.startswith(LONG_TESTS_FIRST))  # stable: order kept within
+
+
+def pytest_collection_finish(session):
+    """The library collects garbage where it measures memory and where a run ends; frozen, the objects
+    pytest, torch and the collected modules hold are not walked again at each of those."""
+    gc.freeze()
 
 
 @pytest.fixture(autouse=True)

@@ -77,52 +77,36 @@ def new_tokens(pos: str) -> int:
     return MAX_SEQ_LEN - PROMPT if pos == "learned" else 2 * MAX_SEQ_LEN - PROMPT
 
 
-def same_greedy_tokens(model: GPT, idx: torch.Tensor, n: int, greedy: dict) -> torch.Tensor:
-    """Greedy decoding with and without the cache, in lockstep: the same tokens at every step, but for
-    a step whose two best penalized logits tie within rounding (a random model's coincidence), after
-    which the two sequences may take either token and part. Returns the cached tokens."""
-    cached, recomputed = (Decoding(model, idx, n, use_cache=cache, **greedy) for cache in (True, False))
-    for _ in range(n):
-        first, second = next(cached), next(recomputed)
-        if not torch.equal(first, second):
-            row = int((first != second).nonzero()[0])
-            scores = apply_repetition_penalty(recomputed.last_logits, recomputed.idx[:, :-1], PENALTY)[row]
-            assert abs(float(scores[first[row]] - scores[second[row]])) < 1e-5, (first, second)
-            break
-    return cached.tokens
-
-
-def check_cached_decoding(model: GPT) -> None:
-    """Greedy (with a repetition penalty) and seeded
-    sampling give the same tokens with and without the cache; every cached step's logits
-    equal those of recomputing the whole sequence so far."""
+def check_cached_decoding(model: GPT) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Every cached step of greedy decoding (with a repetition penalty) has the logits of recomputing
+    the whole sequence so far, so greedy decoding picks the tokens it would without the cache; seeded
+    sampling gives the same tokens with and without the cache. Returns the greedy tokens [B, T] and
+    each step's logits [B, V]."""
     idx, n = prompt(), new_tokens(model.cfg.pos)
-    greedy = dict(temperature=0, repetition_penalty=PENALTY)
-    assert same_greedy_tokens(model, idx, n, greedy).shape == (2, PROMPT + n)
-    sampled = [generate(model, idx, n, use_cache=use_cache, generator=torch.Generator().manual_seed(3))
-               for use_cache in (True, False)]
-    assert torch.equal(sampled[0], sampled[1])
-
-    decoding = Decoding(model, idx, n, **greedy)
+    decoding = Decoding(model, idx, n, temperature=0, repetition_penalty=PENALTY)
+    steps = []
     for step, _ in enumerate(decoding):
         with torch.no_grad():
             recomputed = model(decoding.idx[:, :PROMPT + step])[:, -1]  # [B, V]
         torch.testing.assert_close(decoding.last_logits, recomputed, atol=1e-5, rtol=1e-5)
+        steps.append(decoding.last_logits)
+    assert decoding.idx.shape == (2, PROMPT + n)
+    sampled = [generate(model, idx, n, use_cache=use_cache, generator=torch.Generator().manual_seed(3))
+               for use_cache in (True, False)]
+    assert torch.equal(sampled[0], sampled[1])
+    return decoding.idx, steps
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("pos", ENCODINGS)
 def test_cached_decoding_equals_recomputation(pos, layout):
     model = tiny(pos, LAYOUTS[layout])
-    check_cached_decoding(model)
-    tokens = generate(model, prompt(), new_tokens(pos), temperature=0, repetition_penalty=PENALTY)
+    tokens, steps = check_cached_decoding(model)
     assert len(set(tokens[0, PROMPT:].tolist())) > 5  # a varied sequence, not one token repeated
     # For every encoding whose rotation does not depend on the length, a cached step also equals
     # one full forward pass of the final sequence at that position (causality).
-    decoding = Decoding(model, prompt(), new_tokens(pos), temperature=0, repetition_penalty=PENALTY)
-    steps = [decoding.last_logits for _ in decoding]
     with torch.no_grad():
-        full = model(decoding.idx)  # [B, T, V]
+        full = model(tokens)  # [B, T, V]
     for step, logits in enumerate(steps):
         torch.testing.assert_close(logits, full[:, PROMPT + step - 1], atol=1e-5, rtol=1e-5)
 

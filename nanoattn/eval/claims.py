@@ -33,8 +33,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from scipy import stats
-
 CONFIDENCE = 0.95
 POWER = 0.80
 MOST_SEEDS = 1000  # seeds_needed looks no further: past it a claim needs budget, not seeds
@@ -112,6 +110,8 @@ def _expit(x: float) -> float:
 
 def t_quantile(p: float, n: int) -> float:
     """Student t's quantile ``p`` with n - 1 degrees of freedom (n seeds)."""
+    from scipy import stats  # here, not at the top: every lab command would load scipy.stats at start
+
     return float(stats.t.ppf(p, n - 1))
 
 
