@@ -49,9 +49,11 @@ def pytest_collection_modifyitems(items):
     items.sort(key=lambda item: not item.nodeid.startswith(LONG_TESTS_FIRST))  # stable: order kept within
 
 
-def pytest_collection_finish(session):
-    """The library collects garbage where it measures memory and where a run ends; frozen, the objects
-    pytest, torch and the collected modules hold are not walked again at each of those."""
+def pytest_runtest_teardown(item):
+    """The library collects garbage where it measures memory and where a run ends. After each test its
+    garbage is collected and what lives on (pytest's, torch's and every module's objects) frozen, so
+    those collections walk only what the test at hand made."""
+    gc.collect()
     gc.freeze()
 
 

@@ -2,7 +2,10 @@
 scripts/<name>.py``) line of a fenced bash block in README.md and docs/*.md composes with Hydra's
 compose API (the script's config, the command's overrides; each value of a ``-m`` sweep), and a
 training command passes the checks the script makes of its choices. ``eval_harness``, lm-eval's
-command line, is parsed by lm-eval's own parser. Nothing is run.
+command line, is parsed by lm-eval's own parser.
+
+Then each one runs, in this process, in a scratch folder holding tiny forms of the runs the docs
+name, but those NOT_RUN lists with the reason (a lab's or the bench's minutes, the network).
 
 An argument holding ``[]{}*?`` must be quoted: bash globs it and passes it on only when no file
 matches, and zsh refuses the command outright.
@@ -13,13 +16,18 @@ from __future__ import annotations
 import importlib
 import re
 import shlex
+import shutil
 import sys
+import time
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import DictConfig, OmegaConf
+from test_one_line_errors import run_script
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
@@ -112,10 +120,37 @@ def _overrides(arguments: list[str]) -> list[list[str]]:
     return runs
 
 
-@pytest.mark.parametrize(("where", "script", "arguments", "written"), COMMANDS, ids=[c[0] for c in COMMANDS])
-def test_each_documented_command_composes(where, script, arguments, written, monkeypatch):
-    unquoted = [word for word in written if _unquoted(word) & GLOB]
-    assert not unquoted, f"{where}: quote {unquoted} (bash globs it; zsh refuses it)"
+def why_not_run(script: str, arguments: list[str]) -> str | None:
+    """Why the suite does not run a documented command (None: it runs). The one place that says so."""
+    if script.endswith("_lab"):
+        return ("a lab trains its rows for minutes, even with quick=true; tests/train/test_lab_training.py "
+                "trains each lab at a tiny size")
+    if script == "bench" and "--cfg" not in arguments:
+        return "the bench times this machine for minutes; tests/test_bench.py runs each section tiny"
+    if any("$" in argument for argument in arguments):
+        return "a line of a shell loop: the loop around it sets its $variables"
+    if "data=hf" in arguments or "hellaswag" in arguments:
+        return "it downloads a dataset from the Hugging Face Hub, which the suite does not reach"
+    if script == "eval_harness":
+        return "a task folder of the reader's; tests/eval/test_harness.py runs it on a task it writes"
+    if script == "prepare_data" and "data=text" not in arguments:
+        return ("it tokenizes all of Shakespeare, as make train does first; tests/data/test_data_corpora.py "
+                "reads that corpus")
+    return None
+
+
+RUN = [command for command in COMMANDS if why_not_run(command[1], command[2]) is None]
+NOT_RUN = [command for command in COMMANDS if command not in RUN]
+
+def test_every_documented_argument_that_the_shell_globs_is_quoted():
+    unquoted = [(where, word) for where, _, _, written in COMMANDS for word in written
+                if _unquoted(word) & GLOB]
+    assert not unquoted, f"quote these (bash globs them; zsh refuses them): {unquoted}"
+
+
+@pytest.mark.parametrize(("where", "script", "arguments", "written"), NOT_RUN, ids=[c[0] for c in NOT_RUN])
+def test_each_documented_command_not_run_composes(where, script, arguments, written, monkeypatch):
+    """What the suite can check of a command it does not run (running one composes it, and more)."""
     if script == "eval_harness":
         from lm_eval._cli import HarnessCLI
 
@@ -149,3 +184,109 @@ def test_every_override_quoted_in_the_prose_parses():
         parsed = parser.parse_override(override)
         if parsed.get_key_element().endswith("_overrides"):
             assert all("=" in str(element) for element in parsed.value()), (where, override)
+
+
+# A training command's size, whatever it says: a model as narrow as its heads allow, for two steps; a
+# language model also as short as the workspace's runs, over the bytes of its corpus. Its other keys
+# (encoding, variant, lengths, scaling) stay the command's.
+TINY_TRAINING = {"model.d_model": "48", "model.d_ff": "96", "train.max_steps": "2", "train.batch_size": "2",
+                 "train.warmup_steps": "1", "train.eval_interval": "2", "train.eval_steps": "1",
+                 "train.compile": "false", "logger": "none"}
+TINY_LANGUAGE_MODEL = {"model.max_seq_len": "64", "model.vocab_size": "257"}
+TRAINING_SCRIPTS = ("train", "extend_context")
+# The size of what a command that reads a run does, whatever it says.
+TINY_READING = {"sample": {"max_new_tokens": "16"}, "eval_task": {"per_bin": "32"},
+                "eval_passkey": {"samples": "4"}}
+
+
+def composed(script: str, arguments: list[str]) -> DictConfig:
+    """The config a command composes (a sweep's first job)."""
+    importlib.import_module(script)  # registers the script's schema
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=CONFIG_PATH, version_base="1.3"):
+            return compose(config_name=script, overrides=_overrides(arguments)[0])
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def tiny_training(script: str, arguments: list[str], corpus: dict[str, str],
+                  cfg: DictConfig | None = None) -> list[str]:
+    """``arguments`` with TINY_TRAINING's values in place of the command's own, and the corpus's
+    where the command names no data; a model read from a checkpoint keeps its shape. ``cfg``: what
+    the command composes, if known."""
+    given = {argument.lstrip("+~").split("=", 1)[0] for argument in arguments}
+    cfg = composed(script, arguments) if cfg is None else cfg
+    keys = {**TINY_TRAINING, **(TINY_LANGUAGE_MODEL if cfg.task.name is None else {})}
+    if script == "extend_context" or OmegaConf.to_container(cfg.train)["init_from"]:  # Hydra is not running
+        keys = {key: value for key, value in keys.items() if not key.startswith("model.")}
+    if not any(key == "data" or key.startswith("data.") for key in given):
+        keys.update(corpus)
+    return with_values(arguments, keys)
+
+
+def with_values(arguments: list[str], values: dict[str, str]) -> list[str]:
+    """``arguments`` with ``values`` in place of the command's own."""
+    kept = [argument for argument in arguments if argument.lstrip("+~").split("=", 1)[0] not in values]
+    return [*kept, *(f"{key}={value}" for key, value in values.items())]
+
+
+def one_step(arguments: Iterable[str]) -> list[str]:
+    """A training command's arguments for a run killed after its first step."""
+    return [*(a for a in arguments if not a.startswith("train.max_steps=")), "train.max_steps=1"]
+
+
+@pytest.fixture(scope="session")
+def workspace(tmp_path_factory) -> tuple[Path, dict[str, str]]:
+    """A folder as the docs' reader has it, the runs they name trained tiny (``TINY_TRAINING``) on a
+    byte-tokenized corpus, with the files they read; and that corpus's data overrides."""
+    root = tmp_path_factory.mktemp("docs_workspace")
+    corpus_dir = root.parent / f"{root.name}_corpus"
+    corpus_dir.mkdir()
+    (corpus_dir / "text.txt").write_text("".join(f"line {i}: to be or not to be, that is the question.\n"
+                                                 for i in range(400)))
+    corpus = {"data": "text", "data.name": "docs", "data.paths": f"[{corpus_dir / 'text.txt'}]",
+              "data.root": str(corpus_dir / "prepared"), "data.tokenizer.type": "byte"}
+    (root / "notes").mkdir()  # the reader's own text: the docs, enough for a BPE of the default size
+    for doc in DOCS[1:]:
+        shutil.copy(doc, root / "notes")
+    shutil.copy(DOCS[0], root / "book.txt")
+    (root / "prompt.txt").write_text("ROMEO:")
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.chdir(root)
+        for script, arguments in (
+                ("train", one_step(tiny_training("train", ["out_dir=runs/x"], corpus))),  # killed at step 1
+                ("train", tiny_training("train", ["out_dir=runs/run", "model.token_shift=false"], corpus)),
+                ("train", tiny_training("train", ["experiment=tasks", "task=copy", "pos=rope",
+                                                  "out_dir=runs/tasks"], corpus)),
+                ("eval_length", ["ckpt=runs/run"]),
+                ("eval_length", ["ckpt=runs/run", "rope_scaling={type:yarn,factor:4}"])):
+            assert run_script(monkeypatch, script, *arguments) is None, (script, arguments)
+        for name in ("a", "b", "base", "llama-tiny", "ctx_base/rope", "extrapolation/rope", "passkey/rope"):
+            shutil.copytree(root / "runs" / "run", root / "runs" / name)
+    return root, corpus
+
+
+@pytest.mark.parametrize(("where", "script", "arguments", "written"), RUN, ids=[c[0] for c in RUN])
+def test_each_documented_command_runs(where, script, arguments, written, workspace, tmp_path, monkeypatch):
+    """As written, in a copy of the workspace (``runs/<run>`` is its ``runs/run``), at the sizes of
+    ``TINY_TRAINING`` and ``TINY_READING``. A command that resumes a run the workspace lacks trains
+    that run a step first, as the docs' command before it did."""
+    root, corpus = workspace
+    arguments = [PLACEHOLDER.sub(r"\1", argument) for argument in arguments]
+    shutil.copytree(root, tmp_path / "w")
+    monkeypatch.chdir(tmp_path / "w")
+    if script in TRAINING_SCRIPTS:
+        cfg = composed(script, arguments)
+        arguments, trains_into = tiny_training(script, arguments, corpus, cfg), Path(cfg.out_dir)
+        if "train.resume=true" not in arguments:  # the runs it makes are its own, not the workspace's
+            shutil.rmtree(trains_into, ignore_errors=True)
+        elif not trains_into.exists():
+            killed = one_step(argument for argument in arguments if argument != "train.resume=true")
+            assert run_script(monkeypatch, script, *killed) is None, where
+    else:
+        arguments = with_values(arguments, TINY_READING.get(script, {}))
+    started = time.time()
+    assert run_script(monkeypatch, script, *arguments) is None, where
+    if script in TRAINING_SCRIPTS:  # it trained (its out_dir may hold a time: not known in advance)
+        assert any(path.stat().st_mtime >= started for path in Path().rglob("metrics.jsonl")), where
