@@ -191,15 +191,15 @@ def test_every_override_quoted_in_the_prose_parses():
             assert all("=" in str(element) for element in parsed.value()), (where, override)
 
 
-# A training command's size, whatever it says: a model as narrow as its heads allow, for two steps; a
-# language model also as short as the workspace's runs, over the bytes of its corpus. Its other keys
-# (encoding, variant, lengths, scaling) stay the command's.
+# A training command's size, at most: a model as narrow as its heads allow, for two steps; a language
+# model also as short as the workspace's runs, over the bytes of its corpus. A number the command gives
+# is capped (a wrong one, -5 steps, still fails); its other values are its own.
 TINY_TRAINING = {"model.d_model": "48", "model.d_ff": "96", "train.max_steps": "2", "train.batch_size": "2",
                  "train.warmup_steps": "1", "train.eval_interval": "2", "train.eval_steps": "1",
                  "train.compile": "false", "logger": "none"}
 TINY_LANGUAGE_MODEL = {"model.max_seq_len": "64", "model.vocab_size": "257"}
 TRAINING_SCRIPTS = ("train", "extend_context")
-# The size of what a command that reads a run does, whatever it says.
+# The size of what a command that reads a run does, at most.
 TINY_READING = {"sample": {"max_new_tokens": "16"}, "eval_task": {"per_bin": "32"},
                 "eval_passkey": {"samples": "4"}}
 
@@ -217,9 +217,8 @@ def composed(script: str, arguments: list[str]) -> DictConfig:
 
 def tiny_training(script: str, arguments: list[str], corpus: dict[str, str],
                   cfg: DictConfig | None = None) -> list[str]:
-    """``arguments`` with TINY_TRAINING's values in place of the command's own, and the corpus's
-    where the command names no data; a model read from a checkpoint keeps its shape. ``cfg``: what
-    the command composes, if known."""
+    """``arguments`` within TINY_TRAINING (``capped``), on the corpus where the command names no
+    data; a model read from a checkpoint keeps its shape. ``cfg``: what the command composes, if known."""
     given = {argument.lstrip("+~").split("=", 1)[0] for argument in arguments}
     cfg = composed(script, arguments) if cfg is None else cfg
     keys = {**TINY_TRAINING, **(TINY_LANGUAGE_MODEL if cfg.task.name is None else {})}
@@ -227,13 +226,20 @@ def tiny_training(script: str, arguments: list[str], corpus: dict[str, str],
         keys = {key: value for key, value in keys.items() if not key.startswith("model.")}
     if not any(key == "data" or key.startswith("data.") for key in given):
         keys.update(corpus)
-    return with_values(arguments, keys)
+    return capped(arguments, keys)
 
 
-def with_values(arguments: list[str], values: dict[str, str]) -> list[str]:
-    """``arguments`` with ``values`` in place of the command's own."""
-    kept = [argument for argument in arguments if argument.lstrip("+~").split("=", 1)[0] not in values]
-    return [*kept, *(f"{key}={value}" for key, value in values.items())]
+def capped(arguments: list[str], values: dict[str, str]) -> list[str]:
+    """``arguments`` with each of ``values`` added where the command gives no value of its own, and
+    taken where both are integers and it is the smaller."""
+    def key(argument: str) -> str:
+        return argument.lstrip("+~").split("=", 1)[0]
+
+    given = {key(argument): argument.split("=", 1)[1] for argument in arguments if "=" in argument}
+    smaller = {k: v for k, v in values.items() if k not in given
+               or (given[k].isdigit() and v.isdigit() and int(v) < int(given[k]))}
+    return [*(argument for argument in arguments if key(argument) not in smaller),
+            *(f"{k}={v}" for k, v in smaller.items())]
 
 
 def one_step(arguments: Iterable[str]) -> list[str]:
@@ -292,7 +298,7 @@ def test_each_documented_command_runs(where, script, arguments, written, launche
             killed = one_step(argument for argument in arguments if argument != "train.resume=true")
             assert run_script(monkeypatch, script, *killed) is None, where
     else:
-        arguments = with_values(arguments, TINY_READING.get(script, {}))
+        arguments = capped(arguments, TINY_READING.get(script, {}))
     started = time.time()
     assert run_script(monkeypatch, script, *arguments) is None, where
     if script in TRAINING_SCRIPTS:  # it trained (its out_dir may hold a time: not known in advance)
