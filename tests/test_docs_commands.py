@@ -5,7 +5,7 @@ training command passes the checks the script makes of its choices. ``eval_harne
 command line, is parsed by lm-eval's own parser.
 
 Then each one runs, in this process, in a scratch folder holding tiny forms of the runs the docs
-name, but those NOT_RUN lists with the reason (a lab's or the bench's minutes, the network).
+name, but those ``why_not_run`` gives a reason for (a lab's or the bench's minutes, the network).
 
 An argument holding ``[]{}*?`` must be quoted: bash globs it and passes it on only when no file
 matches, and zsh refuses the command outright.
@@ -146,6 +146,7 @@ def why_not_run(script: str, arguments: list[str], launcher: str) -> str | None:
 RUN = [command for command in COMMANDS if why_not_run(*command[1:3], command[4]) is None]
 NOT_RUN = [command for command in COMMANDS if command not in RUN]
 
+
 def test_every_documented_argument_that_the_shell_globs_is_quoted():
     unquoted = [(where, word) for where, _, _, written, _ in COMMANDS for word in written
                 if _unquoted(word) & GLOB]
@@ -222,7 +223,8 @@ def tiny_training(script: str, arguments: list[str], corpus: dict[str, str],
     given = {argument.lstrip("+~").split("=", 1)[0] for argument in arguments}
     cfg = composed(script, arguments) if cfg is None else cfg
     keys = {**TINY_TRAINING, **(TINY_LANGUAGE_MODEL if cfg.task.name is None else {})}
-    if script == "extend_context" or OmegaConf.to_container(cfg.train)["init_from"]:  # Hydra is not running
+    # Unresolved: an experiment's init_from may interpolate Hydra's runtime, which is not set here.
+    if script == "extend_context" or OmegaConf.to_container(cfg.train)["init_from"]:
         keys = {key: value for key, value in keys.items() if not key.startswith("model.")}
     if not any(key == "data" or key.startswith("data.") for key in given):
         keys.update(corpus)
