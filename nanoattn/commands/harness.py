@@ -21,7 +21,7 @@ from lm_eval import utils
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 
-from nanoattn.eval.choice import continuation_logprobs, with_start
+from nanoattn.eval.choice import continuation_logprobs, text_ids, with_start
 from nanoattn.eval.runs import load_for_eval
 from nanoattn.text import sample_text
 
@@ -48,12 +48,9 @@ class NanoattnLM(LM):
             self.batch_size = int(batch_size)
         self.eot = self.data.eot_id
 
-    def _ids(self, text: str) -> list[int]:
-        return self.data.tokenizer.encode(text).ids if text else []
-
     def loglikelihood(self, requests) -> list[tuple[float, bool]]:
-        pairs = [(with_start(self.data, context), self._ids(continuation)) for context, continuation in
-                 (request.args for request in requests)]
+        pairs = [(with_start(self.data, context), text_ids(self.data, continuation))
+                 for context, continuation in (request.args for request in requests)]
         return continuation_logprobs(self.model, pairs, batch_size=self.batch_size)
 
     def loglikelihood_rolling(self, requests) -> list[float]:
@@ -61,8 +58,8 @@ class NanoattnLM(LM):
         for (text,) in (request.args for request in requests):
             # The first window's context is the start token, each later one's the tokens before it.
             windows = [utils.make_disjoint_window(window) for window in utils.get_rolling_token_windows(
-                token_list=self._ids(text), prefix_token=self.eot, max_seq_len=self.model.cfg.max_seq_len,
-                context_len=1)]
+                token_list=text_ids(self.data, text), prefix_token=self.eot,
+                max_seq_len=self.model.cfg.max_seq_len, context_len=1)]
             scored = continuation_logprobs(self.model, windows, batch_size=self.batch_size)
             totals.append(sum(logprob for logprob, _ in scored))
         return totals

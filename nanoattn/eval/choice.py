@@ -40,9 +40,14 @@ class ChoiceItem:
                              f"{len(self.choices)} choices")
 
 
+def text_ids(data: TokenData, text: str) -> list[int]:
+    """The ids of ``text`` (none for an empty one)."""
+    return data.tokenizer.encode(text).ids if text else []
+
+
 def with_start(data: TokenData, text: str) -> list[int]:
     """The ids of a context: the end-of-text start token, then the text's."""
-    return [data.eot_id, *(data.tokenizer.encode(text).ids if text else [])]
+    return [data.eot_id, *text_ids(data, text)]
 
 
 @torch.no_grad()
