@@ -23,6 +23,10 @@ import torch
 
 os.environ["OMP_NUM_THREADS"] = "1"
 torch.set_num_threads(1)
+# Inductor trusts the CPU's flags for its vector instructions instead of building and loading a test
+# library per instruction set in each process that compiles. Read when Inductor's config is imported,
+# after this; subprocesses inherit it.
+os.environ["TORCHINDUCTOR_VEC_ISA_OK"] = "1"
 SUITE_CACHE = "NANOATTN_SUITE_CACHE"  # set by the session's first process: the folder it made
 
 

