@@ -29,26 +29,26 @@ REPO = Path(__file__).resolve().parents[2]
 def test_a_second_process_on_a_running_run_is_refused_and_the_first_keeps_its_records(
         tmp_path, tiny_config, as_overrides):
     run_dir = tmp_path / "run"
-    args = as_overrides(tiny_config(run_dir, max_steps=100_000, schedule="constant", ckpt_interval=20,
-                                    keep_last=2))
-    first = subprocess.Popen([sys.executable, SCRIPT, *args], stdout=subprocess.DEVNULL,
+    cfg = tiny_config(run_dir, max_steps=100_000, schedule="constant", ckpt_interval=20, keep_last=2)
+    first = subprocess.Popen([sys.executable, SCRIPT, *as_overrides(cfg)], stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL)
+    refusal = (f"run directory {run_dir} is in use by process {first.pid}; "
+               "wait for it to finish or stop it first")
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and not (run_dir / "checkpoints" / "latest").exists():
             time.sleep(0.05)
-        # A resume and a fresh start, at the same time: both are refused.
-        refused = [subprocess.Popen([sys.executable, SCRIPT, *args, *more], stdout=subprocess.DEVNULL,
-                                    stderr=subprocess.PIPE, text=True)
-                   for more in (["train.resume=true"], [])]
-        outcomes = [(p.communicate(timeout=120)[1], p.returncode) for p in refused]
+        # A resume from the command line and a fresh start in this process, at the same time: both refused.
+        resume = subprocess.Popen([sys.executable, SCRIPT, *as_overrides(cfg), "train.resume=true"],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        with pytest.raises(LockedError) as fresh_start:
+            train(cfg)
+        resume_stderr = resume.communicate(timeout=120)[1]
     finally:
         first.send_signal(signal.SIGTERM)  # checkpoints and exits
         first.wait(timeout=120)
-    for stderr, returncode in outcomes:
-        assert returncode == 1
-        assert stderr.strip() == (f"error: run directory {run_dir} is in use by process {first.pid}; "
-                                  "wait for it to finish or stop it first")
+    assert str(fresh_start.value) == refusal
+    assert resume.returncode == 1 and resume_stderr.strip() == f"error: {refusal}"
     records = read_metrics(run_dir / "metrics.jsonl")
     assert [r["step"] for r in records] == list(range(1, len(records) + 1))  # nothing cut back
     latest = (run_dir / "checkpoints" / "latest").read_text().strip()
