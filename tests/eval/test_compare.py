@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_one_line_errors import expect_one_line, run_script
 
 from nanoattn.commands.compare_length import CompareLengthConfig, compare_length
 from nanoattn.commands.labs import AttentionLabConfig, LabConfig
@@ -138,16 +139,15 @@ def test_the_table_replaces_only_its_marked_block(tmp_path):
                                "<!-- passkey-table:begin -->\n| b |\n<!-- passkey-table:end -->\n")
 
 
-def test_the_script(two_runs, tmp_path):
-    script = [sys.executable, str(REPO / "scripts" / "compare_length.py")]
+def test_the_script(two_runs, tmp_path, monkeypatch):
     args = [f"paths=[{','.join(map(str, two_runs))}]", f"out={tmp_path / 'c.png'}", "labels=[A,L,R]"]
-    done = subprocess.run([*script, *args], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "compare_length.py"), *args],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert "| R | 9.0 (1.00×) |  | 36.0 (4.00×) |" in done.stdout and (tmp_path / "c.png").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["alibi", "c.png", "learned", "rope"]  # no Hydra
-    bad = subprocess.run([*script, f"paths=[{tmp_path / 'missing.json'}]"], capture_output=True, text=True,
-                         timeout=120)
-    assert bad.returncode == 1 and bad.stderr.startswith("error: ") and len(bad.stderr.splitlines()) == 1
+    expect_one_line(run_script(monkeypatch, "compare_length", f"paths=[{tmp_path / 'missing.json'}]"),
+                    r"'.*missing\.json' is neither a length_eval JSON file nor a run directory")
 
 
 def test_lab_config_mistakes_are_one_line_errors(tmp_path):

@@ -11,8 +11,6 @@ import copy
 import json
 import math
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,6 +19,7 @@ import torch.nn.functional as F
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
+from test_one_line_errors import run_script
 from variants import VARIANTS
 
 import nanoattn.model.attention as attention_module
@@ -586,7 +585,7 @@ def test_the_analysis_goes_beside_the_checkpoints_and_replaces_only_an_earlier_a
         assert (folder / "pruning.png").read_bytes() == b"mine"
     assert (notes / "heads.json").read_text() == '{"mine": 1}'
 
-def test_config_composes_and_the_script_reports_mistakes_in_one_line(run_dir, eval_schemas):
+def test_config_composes_and_the_script_reports_mistakes_in_one_line(run_dir, eval_schemas, monkeypatch):
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
@@ -606,9 +605,8 @@ def test_config_composes_and_the_script_reports_mistakes_in_one_line(run_dir, ev
     ]:
         with pytest.raises(ValueError, match=re.escape(message)):
             HeadAnalysisConfig(**values)
-    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "analyze_heads.py"), f"ckpt={run_dir}",
-                           "head=[5,0]"], capture_output=True, text=True, cwd=run_dir.parent)
-    assert done.returncode == 1
-    assert done.stderr.strip() == ("error: analyze_heads.head=[5, 0] is invalid: expected [layer, head] with "
-                                   "0 <= layer < 2 and 0 <= head < 4")
+    monkeypatch.chdir(run_dir.parent)
+    assert run_script(monkeypatch, "analyze_heads", f"ckpt={run_dir}", "head=[5,0]") == (
+        "error: analyze_heads.head=[5, 0] is invalid: expected [layer, head] with 0 <= layer < 2 "
+        "and 0 <= head < 4")
     assert sorted(p.name for p in run_dir.parent.iterdir()) == ["data", "docs", "run"]  # nothing littered

@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import math
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +13,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
+from test_one_line_errors import run_script
 from torch import nn
 
 from nanoattn import GPT, ModelConfig, load_checkpoint
@@ -157,7 +156,7 @@ def test_the_trainer_uses_the_mix(prepared, tmp_path, monkeypatch):
     assert seen == [96, 96, 96] and load_checkpoint(run).step == 3
 
 
-def test_the_report_and_the_script(prepared, tmp_path):
+def test_the_report_and_the_script(prepared, tmp_path, monkeypatch, capsys):
     data = TokenData(prepared)
     torch.manual_seed(0)
     model = GPT(ModelConfig(vocab_size=data.vocab_size, d_model=32, n_layer=2, n_head=4, d_ff=64,
@@ -170,12 +169,10 @@ def test_the_report_and_the_script(prepared, tmp_path):
     assert json.loads((run / "passkey.json").read_text()) == report
     assert (run / "passkey.png").stat().st_size > 5_000
     assert [c["length"] for c in report["results"]] == [96, 192]
-    done = subprocess.run([sys.executable, str(REPO / "scripts" / "eval_passkey.py"), f"ckpt={run}",
-                           f"data_dir={prepared}", "lengths=[96]", "depths=[0,1]", "samples=2",
-                           "rope_scaling={type:linear,factor:2}"],
-                          capture_output=True, text=True, cwd=tmp_path, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert (run / "passkey_linear2.json").exists() and "| depth | 96 |" in done.stdout
+    monkeypatch.chdir(tmp_path)
+    assert run_script(monkeypatch, "eval_passkey", f"ckpt={run}", f"data_dir={prepared}", "lengths=[96]",
+                      "depths=[0,1]", "samples=2", "rope_scaling={type:linear,factor:2}") is None
+    assert (run / "passkey_linear2.json").exists() and "| depth | 96 |" in capsys.readouterr().out
     assert sorted(p.name for p in tmp_path.iterdir()) == ["rope_run"]
 
 

@@ -14,7 +14,6 @@ import importlib.util
 import json
 import math
 import random
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
+from test_one_line_errors import expect_one_line, run_script
 
 from nanoattn import GPT, ModelConfig, load_checkpoint
 from nanoattn.checkpoint import save_checkpoint
@@ -249,12 +249,9 @@ def test_bad_extensions_are_one_line_errors(base_run, data, tmp_path, change, na
     assert named in refusal(run, tmp_path / "ext")
 
 
-def test_script_reports_a_refusal_in_one_line(base_run, tmp_path):
-    result = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "extend_context.py"), f"ckpt={base_run}",
-         "model.rope_scaling.type=dynamic", f"out_dir={tmp_path / 'ext'}"],
-        capture_output=True, text=True, cwd=tmp_path, timeout=120)
-    assert result.returncode == 1
-    assert result.stderr.strip().splitlines() == [result.stderr.strip()]
-    assert result.stderr.startswith("error: model.rope_scaling.type='dynamic' is invalid for fine-tuning")
+def test_script_reports_a_refusal_in_one_line(base_run, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    expect_one_line(run_script(monkeypatch, "extend_context", f"ckpt={base_run}",
+                               "model.rope_scaling.type=dynamic", f"out_dir={tmp_path / 'ext'}"),
+                    r"model\.rope_scaling\.type='dynamic' is invalid for fine-tuning")
     assert list(tmp_path.iterdir()) == []  # Hydra wrote nothing either
