@@ -7,6 +7,7 @@ import os
 import runpy
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -59,7 +60,13 @@ def test_sigkill_after_a_checkpoint_then_resume_equals_the_uninterrupted_run(tmp
     compare_runs(run_dir, reference, 1e-6)
 
 
-def test_two_process_ddp_matches_one_process_with_the_same_global_batch_and_resumes(
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_two_node_ddp_matches_one_process_with_the_same_global_batch_and_resumes_on_one_node(
         tmp_path, tiny_config, as_overrides, compare_runs):
     # Rank r takes the r-th slice of one global draw of windows, so 2 ranks x 2 sequences see
     # the 4 sequences of one process: the same losses and grad norms prove that the ranks saw
@@ -72,22 +79,30 @@ def test_two_process_ddp_matches_one_process_with_the_same_global_batch_and_resu
     options = dict(batch_size=2, max_steps=6, eval_interval=2, ckpt_interval=2, log_interval=1,
                    schedule="constant", optimizer="adamw")
     args = [a for a in as_overrides(tiny_config(tmp_path, **options)) if not a.startswith("out_dir=")]
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                os.path.join(SCRIPT_DIR, "train.py")]
-    first = subprocess.run([*torchrun, *args], cwd=tmp_path, capture_output=True, text=True, timeout=300)
-    assert first.returncode == 0, first.stderr
+    script = os.path.join(SCRIPT_DIR, "train.py")
+    torchrun = [sys.executable, "-m", "torch.distributed.run"]
+    # Two nodes of one process each, as docs/training.md launches them: a c10d rendezvous at the
+    # first node's address, here both on this machine.
+    rendezvous = [f"--rdzv_endpoint=127.0.0.1:{free_port()}", "--rdzv_backend=c10d", "--rdzv_id=nodes",
+                  "--nnodes=2", "--nproc_per_node=1"]
+    nodes = [subprocess.Popen([*torchrun, *rendezvous, script, *args], cwd=tmp_path, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    ends = [node.communicate(timeout=300) for node in nodes]
+    assert all(node.returncode == 0 for node in nodes), [err for _, err in ends]
     runs = list((tmp_path / "runs").iterdir())
     assert len(runs) == 1, runs  # rank 0 chose the directory; rank 1's own ${now:} left nothing
-    assert first.stderr.count("done: step 6/6") == 1  # only rank 0 reports
+    assert sum(err.count("done: step 6/6") for _, err in ends) == 1  # only rank 0 reports
     run_dir = runs[0]
     (tmp_path / "uninterrupted").mkdir()
     shutil.copy(run_dir / "metrics.jsonl", tmp_path / "uninterrupted" / "metrics.jsonl")
 
-    # A kill after update 6's record, before its checkpoint was complete: the ranks resume from
-    # checkpoint 4 and must repeat updates 5 and 6 exactly (same processes, same summation order).
+    # A kill after update 6's record, before its checkpoint was complete: the two ranks resume from
+    # checkpoint 4, now as two processes of one node, and must repeat updates 5 and 6 exactly (the
+    # same ranks, the same summation order).
     shutil.rmtree(run_dir / "checkpoints" / "000006")
     (run_dir / "checkpoints" / "latest").write_text("000004\n")
-    resumed = subprocess.run([*torchrun, *args, f"out_dir={run_dir}", "train.resume=true"], cwd=tmp_path,
+    resumed = subprocess.run([*torchrun, "--standalone", "--nproc_per_node=2", script, *args,
+                              f"out_dir={run_dir}", "train.resume=true"], cwd=tmp_path,
                              capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr
     assert resumed.stderr.count(f"resumed from {run_dir / 'checkpoints' / '000004'} at step 4") == 1
