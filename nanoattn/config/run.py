@@ -114,6 +114,9 @@ class TrainConfig:
     seq_len: int | None = None  # None = model.max_seq_len
     batch_size: int = 8  # sequences per process and micro-step
     grad_accum: int = 1  # micro-steps per optimizer step; global batch = batch_size * grad_accum * world_size
+    # Sequences per optimizer step over all processes, whatever their number: grad_accum follows from it
+    # (global_batch / (batch_size x processes), at the run's start). None: grad_accum as given.
+    global_batch: int | None = None
     max_steps: int = 2000  # optimizer steps
     lr: float = 3e-3  # peak learning rate
     min_lr: float | None = None  # None = lr / 10; the end of the cosine / WSD decay
@@ -164,6 +167,11 @@ class TrainConfig:
         check_seed(own, "seed", self.seed)
         if self.seq_len is not None:
             check_positive_int(own, "seq_len", self.seq_len)
+        if self.global_batch is not None:
+            check_positive_int(own, "global_batch", self.global_batch)
+            if self.global_batch % self.batch_size:
+                fail(own, "global_batch", self.global_batch,
+                     f"must be a multiple of train.batch_size={self.batch_size}")
         if self.keep_last is not None:
             check_positive_int(own, "keep_last", self.keep_last)
         for name in ("lr", "muon_lr_scale", "embedding_lr_scale", "head_lr_scale"):
@@ -207,6 +215,22 @@ class TrainConfig:
         if self.random_positions is not None:
             check_positive_int(own, "random_positions", self.random_positions)
 
+
+    def for_processes(self, world_size: int) -> TrainConfig:
+        """This config on ``world_size`` processes: with ``global_batch``, its grad_accum. A grad_accum
+        given beside it must be 1 or the one that follows (as a run's config.yaml records it)."""
+        if self.global_batch is None:
+            return self
+        per_step = self.batch_size * world_size
+        if self.global_batch % per_step:
+            fail("train", "global_batch", self.global_batch,
+                 f"must be a multiple of train.batch_size x processes = {self.batch_size} x {world_size}")
+        grad_accum = self.global_batch // per_step
+        if self.grad_accum not in (1, grad_accum):
+            fail("train", "grad_accum", self.grad_accum,
+                 f"must be 1 with train.global_batch={self.global_batch}: it follows from it ({grad_accum} "
+                 f"on {world_size} process(es))")
+        return dataclasses.replace(self, grad_accum=grad_accum)
 
 @dataclass
 class LoggerConfig:

@@ -35,9 +35,14 @@ class Dist:
         return self.rank == 0
 
 
+def launched_world_size() -> int:
+    """How many processes torchrun started for this run (1 without torchrun)."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
 def init_distributed(device_type: str) -> Dist:
     """Join the torchrun process group (gloo on CPU, NCCL on CUDA); a 1-process Dist otherwise."""
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    world_size = launched_world_size()
     if world_size <= 1:
         return Dist()
     rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))

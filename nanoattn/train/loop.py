@@ -114,6 +114,7 @@ def train(cfg: RunConfig | dict[str, Any]) -> Path:
     """
     cfg = resolve_init_from(cfg)
     device = pick_device(cfg.train.device, "train.device")
+    cfg = dataclasses.replace(cfg, train=cfg.train.for_processes(distributed.launched_world_size()))
     check_step_fits(cfg, device)
     dist = distributed.init_distributed(device.type)
     if device.type == "cuda":

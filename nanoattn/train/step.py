@@ -51,6 +51,8 @@ def check_step_fits(cfg: RunConfig, device: torch.device) -> None:
         length = (*source, seq_len, usual)
     sizes = {"length": length, **{name: ("train", name, getattr(t, name), DEFAULTS["train"][name])
                                   for name in ("batch_size", "grad_accum")}}
+    if t.global_batch is not None:  # the micro-steps follow from it: it is what was given
+        sizes["grad_accum"] = ("train", "global_batch", t.global_batch, t.batch_size)
     key = sizes[largest_departure({name: size[2:] for name, size in sizes.items()})][:3]
     check_forward_fits(cfg.model, t.batch_size, seq_len, device, key, training=True,
                        extra=2 * TOKEN_BYTES * t.grad_accum * t.batch_size * seq_len)

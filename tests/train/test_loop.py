@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 import nanoattn.train.step as step
 from nanoattn import load_checkpoint
 from nanoattn.checkpoint import CheckpointError, load_trainer_state, read_checkpoint_config
-from nanoattn.config import RunConfig
+from nanoattn.config import RunConfig, TrainConfig
 from nanoattn.config.options import RECIPES
 from nanoattn.data import TokenData, bits_per_byte, data_dir
 from nanoattn.logging import read_metrics
@@ -65,6 +65,28 @@ def test_val_loss_equals_an_independent_evaluation_of_the_checkpoint(tmp_path, t
     with torch.no_grad():
         losses = [model.loss(x, y).item() for x, y in data.val_batches(3, batch_size=4, seq_len=32)]
     assert read_metrics(run_dir / "metrics.jsonl")[-1]["val_loss"] == pytest.approx(sum(losses) / 3, abs=1e-6)
+
+
+def test_global_batch_sets_the_micro_steps_for_the_processes_at_hand(tmp_path, tiny_config, compare_runs):
+    """train.global_batch=8 at batch_size 2: 4 micro-steps on one process (2 on two, 1 on four), the
+    very run that grad_accum=4 gives, and config.yaml records the micro-steps it took."""
+    given = train(tiny_config(tmp_path / "global", batch_size=2, global_batch=8, max_steps=4))
+    stated = train(tiny_config(tmp_path / "stated", batch_size=2, grad_accum=4, max_steps=4))
+    compare_runs(given, stated, 0.0)
+    saved = yaml.safe_load((given / "config.yaml").read_text())["train"]
+    assert (saved["global_batch"], saved["grad_accum"]) == (8, 4)
+    t = TrainConfig(batch_size=2, global_batch=8)
+    assert [t.for_processes(n).grad_accum for n in (1, 2, 4)] == [4, 2, 1]
+    assert t.for_processes(1).for_processes(1).grad_accum == 4  # a run's recorded config, read back
+    with pytest.raises(ValueError, match=re.escape(
+            "train.global_batch=8 is invalid: must be a multiple of train.batch_size x processes = 2 x 3")):
+        t.for_processes(3)
+    with pytest.raises(ValueError, match=re.escape("train.grad_accum=3 is invalid: must be 1 with "
+                                                   "train.global_batch=8: it follows from it (4 on 1")):
+        TrainConfig(batch_size=2, global_batch=8, grad_accum=3).for_processes(1)
+    with pytest.raises(ValueError, match=re.escape(
+            "train.global_batch=9 is invalid: must be a multiple of train.batch_size=2")):
+        TrainConfig(batch_size=2, global_batch=9)
 
 
 def test_a_larger_vocab_is_kept_as_padding(tmp_path, tiny_config):
