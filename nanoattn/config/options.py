@@ -33,6 +33,15 @@ RECIPES: dict[str, dict[str, Fields]] = {
         "model": dict(tie_embeddings=False),
         "train": dict(optimizer="muon", lr=0.006, embedding_lr_scale=10.0, head_lr_scale=0.3),
     },
+    # One GPU node at GPT-2 small's shape (model=gpt2-small or model=llama-124m); not yet run on a GPU.
+    # GPT-2's step of about 0.5M tokens (512 sequences of 1,024, as nanoGPT and llm.c train it), held
+    # whatever the number of processes; the peak rate llm.c found for AdamW at this size, 1.8e-3, which
+    # Muon with its update matched to AdamW's RMS takes over (Liu et al. 2025, "Muon is Scalable");
+    # warmup-stable-decay over 10,000 steps (5.2B tokens), the last fifth decaying (Hägele et al. 2024).
+    "gpu": {
+        "train": dict(optimizer="muon", lr=1.8e-3, batch_size=32, global_batch=512, max_steps=10000,
+                      warmup_steps=250, schedule="wsd", compile="auto"),
+    },
     # The classic baseline: the dataclasses' defaults (AdamW on every parameter, tied embeddings). It
     # states its optimizer, the key it is named after, so an experiment that sets another is refused with it.
     "adamw_baseline": {"train": dict(optimizer="adamw")},
