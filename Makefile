@@ -14,7 +14,7 @@ PY := .venv/bin/python
 endif
 BIN := $(dir $(PY))
 
-.PHONY: install train test lint
+.PHONY: install train test lint gpu-check
 
 .venv/bin/python:
 	$(PYTHON3) -m venv .venv || { echo "error: $(PYTHON3) -m venv failed: install python3-venv (Debian, Ubuntu) or activate a virtual environment first" >&2; exit 1; }
@@ -39,5 +39,8 @@ test: .dev-stamp
 	$(PY) -m ruff check .
 	$(PY) -m pytest
 
+# The device-dependent checks on this machine's CUDA GPU (scripts/gpu_check.py); one line without one.
+gpu-check: .dev-stamp
+	$(PY) scripts/gpu_check.py
 lint: .dev-stamp
 	$(PY) -m ruff check .

@@ -61,6 +61,17 @@ def pytest_runtest_teardown(item):
     gc.freeze()
 
 
+def pytest_addoption(parser):
+    parser.addoption("--device", default="cpu",
+                     help="the device of the tests marked `device` and `gpu` (make gpu-check: cuda)")
+
+
+@pytest.fixture
+def device(request) -> torch.device:
+    """The device ``--device`` names: the CPU in the suite, CUDA under ``make gpu-check``."""
+    return torch.device(request.config.getoption("--device"))
+
+
 @pytest.fixture(autouse=True)
 def torch_determinism_as_found():
     """A compiled training step switches torch's deterministic algorithms on for its whole process

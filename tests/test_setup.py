@@ -5,6 +5,7 @@ dev extra. Read from ``make -n -B`` (what make would run), nothing installed."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import venv
@@ -40,3 +41,14 @@ def test_an_active_virtual_environment_is_used_as_it_is(tmp_path):
     train = planned("train", python)
     assert not any("-m venv" in line for line in train)
     assert f"{python} -m pip install -e ." in train and train[-1] == f"{python} scripts/train.py"
+
+
+def test_gpu_check_without_a_cuda_device_says_so_in_one_line_and_exits_0():
+    """``make gpu-check`` runs scripts/gpu_check.py in the environment ``make test`` sets up; here with
+    no CUDA device visible, whatever this machine has (what the check does on a GPU: its docstring)."""
+    assert planned("gpu-check", Path(sys.executable))[-1].endswith("scripts/gpu_check.py")
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "gpu_check.py")], capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert done.returncode == 0 and not done.stderr, done.stderr
+    assert done.stdout.startswith("gpu-check: no CUDA device visible to torch ")
+    assert done.stdout.count("\n") == 1
