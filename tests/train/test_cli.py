@@ -294,13 +294,13 @@ def test_init_from_refuses_a_model_key_the_checkpoint_holds_otherwise(tmp_path, 
 @pytest.mark.parametrize("model", ["gpt2-small", "llama-124m"])
 def test_the_gpu_recipe_trains_each_124m_preset_a_few_steps(model, tmp_path, tiny_config, as_overrides,
                                                              monkeypatch, capsys):
-    """recipe=gpu as written on the preset's width, heads and blocks, shortened to one layer and two steps
-    of two one-sequence micro-steps at 32 tokens of the suite's text (Muon orthogonalising all 12
-    layers' matrices takes about 10 s a step on two CPU cores); the run states its size."""
+    """recipe=gpu as written on the preset's width, heads and blocks, shortened to one layer, the suite's
+    byte vocabulary and two steps of two one-sequence micro-steps at 32 tokens (Muon orthogonalising
+    all 12 layers' matrices takes about 10 s a step on two CPU cores); the run states its size."""
     data = [o for o in as_overrides(tiny_config(tmp_path / "run")) if o.startswith(("data.", "out_dir="))]
-    shortened = ["model.n_layer=1", "train.max_steps=2", "train.batch_size=1", "train.global_batch=2",
-                 "train.seq_len=32", "train.warmup_steps=1", "train.log_interval=1", "train.eval_interval=0",
-                 "train.eval_steps=1", "train.compile=false", "logger=none"]
+    shortened = ["model.n_layer=1", "model.vocab_size=300", "train.max_steps=2", "train.batch_size=1",
+                 "train.global_batch=2", "train.seq_len=32", "train.warmup_steps=1", "train.log_interval=1",
+                 "train.eval_interval=0", "train.eval_steps=1", "train.compile=false", "logger=none"]
     assert one_line_errors.run_script(monkeypatch, "train", f"model={model}", "recipe=gpu", *data,
                                       *shortened) is None
     saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
