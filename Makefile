@@ -41,6 +41,6 @@ test: .dev-stamp
 
 # The device-dependent checks on this machine's CUDA GPU (scripts/gpu_check.py); one line without one.
 gpu-check: .dev-stamp
-	$(PY) scripts/gpu_check.py
+	@$(PY) scripts/gpu_check.py
 lint: .dev-stamp
 	$(PY) -m ruff check .
