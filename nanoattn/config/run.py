@@ -215,7 +215,6 @@ class TrainConfig:
         if self.random_positions is not None:
             check_positive_int(own, "random_positions", self.random_positions)
 
-
     def for_processes(self, world_size: int) -> TrainConfig:
         """This config on ``world_size`` processes: with ``global_batch``, its grad_accum. A grad_accum
         given beside it must be 1 or the one that follows (as a run's config.yaml records it)."""
@@ -231,6 +230,7 @@ class TrainConfig:
                  f"must be 1 with train.global_batch={self.global_batch}: it follows from it ({grad_accum} "
                  f"on {world_size} process(es))")
         return dataclasses.replace(self, grad_accum=grad_accum)
+
 
 @dataclass
 class LoggerConfig:
