@@ -3,7 +3,7 @@
 With CUDA, in order, each a command of its own (the first failure ends the check, exit status 1):
 
 1. the device tests: ``pytest -m "device or gpu" --device=cuda tests/train/test_device.py``
-   (cached decoding, bf16 autocast training, a compiled step, DDP over NCCL where two GPUs exist);
+   (cached decoding, bf16 autocast training, a compiled step; DDP over NCCL where two GPUs are);
 2. 200 steps of ``model=llama-124m recipe=gpu`` on the default corpus, into
    ``runs/gpu_check/<time>/train``, its tokens/s read from the run's metrics;
 3. the bench's ``train``, ``mfu`` and ``decode`` sections on that model in bf16: tokens/s, MFU
@@ -29,11 +29,12 @@ def no_device_line() -> str:
     return f"gpu-check: no CUDA device visible to torch {torch.__version__} ({build}); nothing to check"
 
 
-def commands(out: Path) -> list[tuple[str, list[str]]]:
-    """(what, command) of each stage, run from the repository's root."""
+def commands(out: Path, gpus: int) -> list[tuple[str, list[str]]]:
+    """(what, command) of each stage on a machine of ``gpus`` GPUs, run from the repository's root."""
     python = sys.executable
+    tests = "device or gpu" if gpus >= 2 else "device or (gpu and not two_gpus)"
     return [
-        ("device tests", [python, "-m", "pytest", "-n", "0", "-m", "device or gpu", "--device=cuda",
+        ("device tests", [python, "-m", "pytest", "-n", "0", "-m", tests, "--device=cuda",
                           "tests/train/test_device.py"]),
         (f"{TRAIN_STEPS} steps of llama-124m", [python, "scripts/train.py", "model=llama-124m", "recipe=gpu",
                                                  f"train.max_steps={TRAIN_STEPS}", "train.eval_interval=0",
@@ -48,7 +49,7 @@ def main() -> int:
         print(no_device_line())
         return 0
     out = REPO / "runs" / "gpu_check" / time.strftime("%Y-%m-%d_%H-%M-%S")
-    for what, command in commands(out):
+    for what, command in commands(out, torch.cuda.device_count()):
         print(f"gpu-check: {what}: {' '.join(command[1:])}", flush=True)
         if subprocess.run(command, cwd=REPO).returncode != 0:
             print(f"gpu-check: {what} failed (above)", file=sys.stderr)

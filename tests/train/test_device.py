@@ -1,6 +1,6 @@
 """The paths that depend on the device, on the one ``--device`` names: the CPU in the suite, CUDA
 under ``make gpu-check`` (scripts/gpu_check.py), which also runs the ``gpu`` tests the suite
-deselects: a compiled step and DDP over NCCL. None of them has run on a GPU yet."""
+deselects: a compiled step, and DDP over NCCL where two GPUs are. None of them has run on a GPU yet."""
 
 from __future__ import annotations
 
@@ -63,11 +63,13 @@ def test_a_compiled_step_on_the_device_trains_the_losses_of_the_eager_one(tmp_pa
 
 
 @pytest.mark.gpu
+@pytest.mark.two_gpus
 def test_ddp_over_nccl_matches_one_process(tmp_path, tiny_config, as_overrides, compare_runs, device):
     """Two processes of two sequences, one GPU each, against one process of four (the CPU's gloo
-    version: tests/train/test_cli.py); float32, so within 1e-5 over six AdamW updates."""
-    if torch.cuda.device_count() < 2:
-        pytest.skip(f"DDP over NCCL needs two GPUs; this machine has {torch.cuda.device_count()}")
+    version: tests/train/test_cli.py); float32, so within 1e-5 over six AdamW updates. make gpu-check
+    selects it where two GPUs are."""
+    gpus = torch.cuda.device_count()
+    assert gpus >= 2, f"DDP over NCCL needs two GPUs; this machine has {gpus}"
     options = dict(device=device.type, batch_size=2, max_steps=6, eval_interval=2, ckpt_interval=0,
                    log_interval=1, schedule="constant", optimizer="adamw")
     script = os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "train.py")
