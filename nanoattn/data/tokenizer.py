@@ -14,12 +14,17 @@ default, like any special token.
   replacement character: a character never seen in training encodes to it and decodes as "\\ufffd",
   one character for one, so text length and alignment survive. Known characters round-trip.
 - ``byte``: ids 0..255 are the UTF-8 bytes themselves, EOT is 256; nothing to train.
+- ``file``: a saved tokenizer (``data.tokenizer.path``, the ``tokenizers`` JSON format, a pretrained
+  one from the hub included) holding ``<|endoftext|>``; nothing to train.
+
+``bpe`` and ``char`` learn from the first ``sample_chars`` characters of the training split
+(``sample_texts``), so a streamed corpus of any size trains its tokenizer in bounded memory.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -32,9 +37,20 @@ EOT = "<|endoftext|>"
 UNK_CHAR = "\ufffd"
 
 
-def build_tokenizer(cfg: TokenizerConfig, train_texts: Sequence[str]) -> Tokenizer:
-    """A tokenizer of kind ``cfg.type``, fitted to the training texts where the kind learns."""
+def build_tokenizer(cfg: TokenizerConfig, train_texts: Iterable[str]) -> Tokenizer:
+    """A tokenizer of kind ``cfg.type``, fitted to the training texts where the kind learns (the
+    others never read them)."""
     return _BUILDERS[cfg.type](cfg, train_texts)
+
+
+def sample_texts(texts: Iterable[str], max_chars: int) -> Iterator[str]:
+    """The texts in order until ``max_chars`` characters, the last one cut to fit."""
+    left = max_chars
+    for text in texts:
+        yield text[:left]
+        left -= len(text)
+        if left <= 0:
+            return
 
 
 def load_tokenizer(path: str | Path) -> Tokenizer:
@@ -71,7 +87,8 @@ def token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16) if vocab_size <= 2**16 else np.dtype(np.uint32)
 
 
-def _bpe(cfg: TokenizerConfig, train_texts: Sequence[str]) -> Tokenizer:
+def _bpe(cfg: TokenizerConfig, train_texts: Iterable[str]) -> Tokenizer:
+    train_texts = list(train_texts)
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
@@ -87,7 +104,7 @@ def _bpe(cfg: TokenizerConfig, train_texts: Sequence[str]) -> Tokenizer:
     return tokenizer
 
 
-def _char(cfg: TokenizerConfig, train_texts: Sequence[str]) -> Tokenizer:
+def _char(cfg: TokenizerConfig, train_texts: Iterable[str]) -> Tokenizer:
     chars: set[str] = set()
     for text in train_texts:
         chars.update(text)
@@ -101,7 +118,7 @@ def _char(cfg: TokenizerConfig, train_texts: Sequence[str]) -> Tokenizer:
     return tokenizer
 
 
-def _byte(cfg: TokenizerConfig, train_texts: Sequence[str]) -> Tokenizer:
+def _byte(cfg: TokenizerConfig, train_texts: Iterable[str]) -> Tokenizer:
     vocab = {symbol: byte for byte, symbol in enumerate(_byte_symbols())}
     vocab[EOT] = 256
     tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
@@ -122,6 +139,14 @@ def _byte_symbols() -> list[str]:
     return [chr(b) if b in printable else chr(next(shifted)) for b in range(256)]
 
 
-_BUILDERS: dict[str, Callable[[TokenizerConfig, Sequence[str]], Tokenizer]] = {
-    "bpe": _bpe, "char": _char, "byte": _byte,
+def _file(cfg: TokenizerConfig, train_texts: Iterable[str]) -> Tokenizer:
+    tokenizer = load_tokenizer(Path(cfg.path).expanduser())
+    if tokenizer.token_to_id(EOT) is None:
+        raise DataError(f"data.tokenizer.path={cfg.path}: the tokenizer has no {EOT} token, which "
+                        "separates documents; add it as a special token, or use type=bpe|char|byte")
+    return tokenizer
+
+
+_BUILDERS: dict[str, Callable[[TokenizerConfig, Iterable[str]], Tokenizer]] = {
+    "bpe": _bpe, "char": _char, "byte": _byte, "file": _file,
 }

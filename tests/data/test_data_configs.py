@@ -62,16 +62,17 @@ def test_the_script_reports_bad_input_in_one_line(tmp_path):
     assert list(tmp_path.iterdir()) == []  # neither Hydra nor the script wrote anything
 
 
-def test_ctrl_c_while_preparing_is_one_line_and_leaves_no_staging_folder(tmp_path, monkeypatch):
+def test_ctrl_c_while_preparing_is_one_line_and_leaves_only_the_resumable_folder(tmp_path, monkeypatch):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("some text to prepare\n" * 50)
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt  # what Ctrl-C raises, here in the middle of writing the tokens
 
-    monkeypatch.setattr(prepare_module, "_write_tokens", interrupted)
+    monkeypatch.setattr(prepare_module, "write_split", interrupted)
     monkeypatch.setattr(sys, "argv", ["prepare_data.py", "data=text", f"data.paths=[{corpus}]",
                                       f"data.root={tmp_path / 'data'}", "data.tokenizer.type=byte"])
     with pytest.raises(SystemExit, match="^error: interrupted$"):
         runpy.run_path(str(REPO / "scripts" / "prepare_data.py"), run_name="__main__")
-    assert list((tmp_path / "data").iterdir()) == []  # the staging folder and the lock's file are gone
+    left = list((tmp_path / "data").iterdir())  # no target, no lock file: what the next run resumes
+    assert [p.name.split("-")[0] for p in left] == [".text.partial"]

@@ -21,7 +21,7 @@ def test_train_batch_is_windows_of_the_train_split(byte_data):
     x, y = byte_data.train_batch(0, batch_size=B, seq_len=T, seed=0)
     assert x.shape == y.shape == (B, T) and x.dtype == y.dtype == torch.int64
     assert torch.equal(x[:, 1:], y[:, :-1])  # y is x shifted by one token
-    train = byte_data.tokens("train").tobytes()
+    train = byte_data.tokens("train")[:].tobytes()
     for row_x, row_y in zip(x.tolist(), y.tolist(), strict=True):
         window = np.array([*row_x, row_y[-1]], dtype=np.uint16).tobytes()
         assert window in train

@@ -24,11 +24,13 @@ def test_prepared_files_hold_every_document_then_eot(tmp_path, write_corpus, tex
     cfg = text_config(tmp_path / "data", write_corpus(tmp_path / "corpus", 6), tokenizer="bpe")
     folder = prepare_data(cfg)
     assert folder == tmp_path / "data" / "tiny"
-    assert sorted(p.name for p in folder.iterdir()) == ["meta.json", "tokenizer.json", "train.bin", "val.bin"]
+    assert sorted(p.name for p in folder.iterdir()) == ["meta.json", "tokenizer.json", "train-000000.bin",
+                                                       "train.progress.json", "val-000000.bin",
+                                                       "val.progress.json"]
     assert [p.name for p in folder.parent.iterdir()] == ["tiny"]  # no temporary folder left behind
     data, corpus = TokenData(folder), load_corpus(cfg)
     for split, docs in (("train", corpus.train), ("val", corpus.val)):
-        ids = data.tokens(split)
+        ids = data.tokens(split)[:]
         assert ids.dtype == np.uint16 and ids.size == data.meta["tokens"][split]
         ends = np.flatnonzero(ids == data.eot_id)
         assert ends.size == len(docs) and ends[-1] == ids.size - 1
@@ -82,14 +84,16 @@ def test_an_interrupted_prepare_keeps_the_previous_folder(tmp_path, write_corpus
     with pytest.raises(KeyboardInterrupt):
         prepare_data(cfg, force=True)
     assert (folder / "meta.json").read_text() == before
-    assert [p.name for p in folder.parent.iterdir()] == ["tiny"]
+    assert sorted(p.name for p in folder.parent.iterdir()) == [prepare_module.partial_dir(cfg).name, "tiny"]
+    prepare_data(cfg)  # resumes: every split is done, so it only writes meta.json and renames
+    assert sorted(p.name for p in folder.parent.iterdir()) == ["tiny"]
 
 
 def test_literal_eot_text_inside_a_document_is_not_a_separator(tmp_path, write_corpus, text_config):
     files = write_corpus(tmp_path / "corpus", 3)
     files[1].write_text("before <|endoftext|> after\n")
     data = TokenData(prepare_data(text_config(tmp_path / "data", files, val_fraction=0.4)))
-    ids = np.concatenate([data.tokens("train"), data.tokens("val")])
+    ids = np.concatenate([data.tokens("train")[:], data.tokens("val")[:]])
     assert (ids == data.eot_id).sum() == 3
 
 
@@ -100,33 +104,41 @@ def test_re_preparing_never_deletes_what_it_did_not_write(tmp_path, write_corpus
     (folder / "run1" / "config.yaml").write_text("a run placed inside the data folder\n")
     with pytest.raises(DataError, match=r"tiny holds run1, which preparation did not write"):
         prepare_data(cfg, force=True)
-    assert (folder / "run1" / "config.yaml").exists() and (folder / "train.bin").exists()
+    assert (folder / "run1" / "config.yaml").exists() and (folder / "train-000000.bin").exists()
 
 
-def test_sigterm_while_preparing_removes_the_staging_folder_and_keeps_the_old_one(tmp_path, write_corpus,
-                                                                                  text_config, monkeypatch):
+def test_sigterm_while_preparing_keeps_the_old_folder_and_the_next_run_resumes(tmp_path, write_corpus,
+                                                                              text_config, monkeypatch):
     cfg = text_config(tmp_path / "data", write_corpus(tmp_path / "corpus", 4))
     folder = prepare_data(cfg)
     before = _stamp(folder)
-    original = prepare_module._write_tokens
+    changed = dataclasses.replace(cfg, shard_tokens=1000)
+    original = prepare_module.write_split
 
-    def terminated(*args, **kwargs):
-        os.kill(os.getpid(), signal.SIGTERM)  # the handler raises here, mid-write
-        return original(*args, **kwargs)
+    def terminated(folder, split, *args, **kwargs):
+        if split == "val":
+            os.kill(os.getpid(), signal.SIGTERM)  # the handler raises here, the train shards written
+        return original(folder, split, *args, **kwargs)
 
-    monkeypatch.setattr(prepare_module, "_write_tokens", terminated)
+    monkeypatch.setattr(prepare_module, "write_split", terminated)
     with pytest.raises(KeyboardInterrupt, match="SIGTERM while preparing data"):
-        prepare_data(cfg, force=True)
-    assert sorted(p.name for p in folder.parent.iterdir()) == ["tiny"]
+        prepare_data(changed)
     assert _stamp(folder) == before
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # restored
+    partial = prepare_module.partial_dir(changed)
+    written = {f.name: f.stat().st_mtime_ns for f in partial.glob("train-*.bin")}
+    assert len(written) == 7  # 6,964 train tokens in shards of 1,000
+    monkeypatch.setattr(prepare_module, "write_split", original)
+    prepare_data(changed)
+    assert {f.name: f.stat().st_mtime_ns for f in folder.glob("train-*.bin")} == written  # kept, not redone
+    assert sorted(p.name for p in folder.parent.iterdir()) == ["tiny"]
 
 
 def test_a_killed_preparations_leftovers_are_removed_by_the_next(tmp_path, write_corpus, text_config):
     cfg = text_config(tmp_path / "data", write_corpus(tmp_path / "corpus", 4))
-    for leftover in (".tiny.tmp-x1y2", ".tiny.old-x1y2"):
+    for leftover in (".tiny.partial-0123456789abcdef", ".tiny.old-0123456789abcdef"):
         (tmp_path / "data" / leftover).mkdir(parents=True)
-        (tmp_path / "data" / leftover / "train.bin").write_bytes(b"\0" * 8)
-    (tmp_path / "data" / ".other.tmp-keep").mkdir()  # another corpus' folder is not ours to remove
+        (tmp_path / "data" / leftover / "train-000000.bin").write_bytes(b"\0" * 8)
+    (tmp_path / "data" / ".other.partial-keep").mkdir()  # another corpus' folder is not ours to remove
     prepare_data(cfg)
-    assert sorted(p.name for p in (tmp_path / "data").iterdir()) == [".other.tmp-keep", "tiny"]
+    assert sorted(p.name for p in (tmp_path / "data").iterdir()) == [".other.partial-keep", "tiny"]

@@ -323,8 +323,9 @@ def test_non_rope_refuses_a_scaling_and_a_foreign_tokenizer_is_refused(prepared,
     assert "pos='alibi'" in str(info.value) and " | ".join(encodings_with("rotary")) in str(info.value)
     other = tmp_path / "other"
     other.mkdir()
-    for name in ("meta.json", "train.bin", "val.bin"):
-        (other / name).write_bytes((prepared / name).read_bytes())
+    for file in prepared.iterdir():
+        if file.name != "tokenizer.json":
+            (other / file.name).write_bytes(file.read_bytes())
     tok = json.loads((prepared / "tokenizer.json").read_text())
     tok["added_tokens"][0]["content"] = "<|other|>"
     (other / "tokenizer.json").write_text(json.dumps(tok))
