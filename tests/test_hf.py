@@ -18,7 +18,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from hf_support import GPT2, LONG, ORIGINAL, VOCAB, model, perturb_, tokens
 from safetensors.torch import load_file, save_file
 from transformers import (
     AutoModelForCausalLM,
@@ -35,6 +34,7 @@ from nanoattn.config import TokenizerConfig
 from nanoattn.data.tokenizer import build_tokenizer
 from nanoattn.hf import export_hf, import_hf, load_hf_tokenizer
 from nanoattn.positional.rope_scaling import rope_frequencies
+from nanoattn.references.fixtures import GPT2, LONG, ORIGINAL, VOCAB, model, perturb_, tokens
 
 ROOT = Path(__file__).resolve().parents[1]
 LLAMA = dict(vocab_size=VOCAB, d_model=64, n_layer=2, n_head=4, n_kv_head=2, d_ff=96, max_seq_len=ORIGINAL,

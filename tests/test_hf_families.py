@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from hf_support import BASE, LONG, ORIGINAL, VOCAB, load_transformers, logits_diff, model, perturb_, tokens
 from transformers import (
     AutoModelForCausalLM,
     Llama4ForCausalLM,
@@ -36,6 +35,17 @@ from variants import VARIANTS
 from nanoattn import GPT, ModelConfig, generate
 from nanoattn.hf import export_hf, import_hf
 from nanoattn.positional import REGISTRY
+from nanoattn.references.fixtures import (
+    BASE,
+    LONG,
+    ORIGINAL,
+    VOCAB,
+    load_transformers,
+    logits_diff,
+    model,
+    perturb_,
+    tokens,
+)
 
 ATOL = 1e-5
 # Llama 4's iRoPE with its query temperature acting from position 7 on (x2.2 at position 79).

@@ -1,5 +1,5 @@
 """Every encoding and attention variant equals its reference implementation within a float32
-tolerance (the checks: reference_checks.py), every option has a row, and the published table
+tolerance (the checks: nanoattn/references), every option has a row, and the published table
 (docs/results/references.md) has every row, is within every tolerance and is its JSON rendered."""
 
 from __future__ import annotations
@@ -8,9 +8,10 @@ import json
 
 import pytest
 from coverage import check_rows
-from reference_checks import ENCODING, FOLDER, PAGE, ROWS, VARIANT, render
 
 from nanoattn.config.options import ATTENTION_VARIANTS, encoding_options
+from nanoattn.references.rows import ENCODING, ROWS, VARIANT
+from nanoattn.references.table import FOLDER, PAGE, render
 
 CASES = [(name, index) for name, row in ROWS.items() for index in range(len(row.checks))]
 PUBLISHED = FOLDER / f"{PAGE}.json"
@@ -32,7 +33,7 @@ def test_every_encoding_and_attention_variant_has_a_row():
     for name in set(ROWS) & set(options()):
         assert ROWS[name].kind == options()[name] and ROWS[name].checks, name
     assert set(ROWS) <= set(options()), f"rows for no registered option: {sorted(set(ROWS) - set(options()))}"
-    check_rows(options(), ROWS, "ROWS in tests/reference_checks.py",
+    check_rows(options(), ROWS, "ROWS in nanoattn/references/rows.py",
                f"add its paper, reference and check there, then run {REGENERATE}")
 
 

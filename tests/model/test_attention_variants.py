@@ -4,7 +4,7 @@ learned sinks, sliding windows with a rolling KV cache and differential attentio
 References: the formulas written out by hand, and an explicit whole-matrix attention for the
 chunked capped and windowed paths. Each variant against its paper's reference implementation
 (transformers' Gemma 2, gpt-oss, DeepSeek attention; differential attention, value embeddings and
-token shift written out) is in tests/reference_checks.py, cached decoding in test_generate.py, the
+token shift written out) is in nanoattn/references, cached decoding in test_generate.py, the
 Qwen 3 (QK-norm) and Ministral (sliding windows) exports in test_hf_families.py.
 """
 
@@ -345,7 +345,7 @@ def test_value_embeddings_refuse_what_they_are_not_defined_for(fields, message):
 
 
 def test_value_embeddings_add_only_their_tables_and_mixes_and_learn():
-    """Their function against a v + b E[token] written into the plain model: tests/reference_checks.py."""
+    """Their function against a v + b E[token] written into the plain model: nanoattn/references."""
     torch.manual_seed(0)
     fields = dict(vocab_size=40, d_model=32, n_layer=4, n_head=4, n_kv_head=2, max_seq_len=16)
     embedded = GPT(ModelConfig(**fields, value_embeds=1))
@@ -359,7 +359,7 @@ def test_value_embeddings_add_only_their_tables_and_mixes_and_learn():
 
 
 def test_token_shift_starts_as_the_plain_model_and_its_gate_learns():
-    """Its function against e_t + g e_(t-1) written into the plain model: tests/reference_checks.py."""
+    """Its function against e_t + g e_(t-1) written into the plain model: nanoattn/references."""
     torch.manual_seed(0)
     fields = dict(vocab_size=40, d_model=32, n_layer=2, n_head=4, n_kv_head=2, max_seq_len=16, pos="learned")
     shifted = GPT(ModelConfig(**fields, token_shift=True)).eval()

@@ -4,7 +4,7 @@ exclusive self-attention and canon layers.
 Each against its paper's equation written out in float64 and a reference implementation
 (transformers' Qwen3-Next attention and x-transformers' gated values for the gate, the canon
 reference code's depthwise ``nn.Conv1d``, alone and hooked into the plain model) is in
-tests/reference_checks.py. Here: their shapes and starting values, token shift as canon's width-2
+nanoattn/references. Here: their shapes and starting values, token shift as canon's width-2
 case, SDPA's kernel kept, bad settings. Cached decoding, head analysis and learning run over the
 registry's rows in the generic tests (tests/variants.py).
 """

@@ -1,6 +1,6 @@
 """Multi-head latent attention (DeepSeek-V2): the cache's bytes per token against the formula and the
 other layouts, and its refusals. Parity with transformers' DeepSeek-V3 attention is a reference
-check (tests/reference_checks.py); cached decoding, head analysis and learning run over it with the
+check (nanoattn/references); cached decoding, head analysis and learning run over it with the
 other variants (tests/variants.py)."""
 
 import pytest

@@ -3,7 +3,7 @@
 Each against its paper's equations written out in float64 loops (Tan et al. 2025, Ramapuram et al.
 2024, Lin et al. 2025; NoPE and ALiBi, MHA, GQA and MQA, both paths and the weights) and, for sigmoid
 attention and FoX, against x-transformers' ``Attend(sigmoid=True)`` and ``DataDependentAlibi``, is in
-tests/reference_checks.py. Here: what each weighs and starts from, memory linear in the length, bf16,
+nanoattn/references. Here: what each weighs and starts from, memory linear in the length, bf16,
 the cache's log gates, bad settings. Cached decoding over the registry's rows is in test_generate.py,
 head analysis in test_heads.py.
 """
@@ -12,13 +12,13 @@ import math
 
 import pytest
 import torch
-from reference_checks import TOKENS, layer
 
 from nanoattn import GPT, KVCache, ModelConfig
 from nanoattn.config.model import ATTN_FNS
 from nanoattn.model import attention as attention_module
 from nanoattn.model.score_functions import SCORE_FUNCTIONS
 from nanoattn.positional import build_positional
+from nanoattn.references.attention import TOKENS, layer
 
 
 def test_the_registry_of_score_functions_is_the_configs_choice():

@@ -2,7 +2,7 @@
 
 References: T5's buckets and FIRE's normalised distance computed by hand at chosen positions and
 parameter values, FIRE's MLP written out unit by unit (each whole bias against transformers' T5 and
-FIRE's formula: tests/reference_checks.py; KERPLE: test_kerple.py). Then the properties every one
+FIRE's formula: nanoattn/references; KERPLE: test_kerple.py). Then the properties every one
 of them needs in a model: per-layer parameters that really are per layer, one-line config errors,
 gradients reaching every parameter, and a tiny model that learns.
 """

@@ -1,6 +1,6 @@
 """KERPLE (Chi et al. 2022) against the paper and the authors' code.
 
-The kernels against the paper's formulas written out in float64: tests/reference_checks.py. Here:
+The kernels against the paper's formulas written out in float64: nanoattn/references. Here:
 one (r1, r2) per head for the whole model, shared by every layer; the range kept by projecting the
 stored parameters after each update, through the training step's own function.
 """

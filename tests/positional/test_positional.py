@@ -106,7 +106,7 @@ def test_alibi_bias_is_minus_slope_times_distance_not_scaled():
 
 def test_sinusoidal_has_no_parameter_of_its_own():
     """Vaswani et al.'s fixed table; the block input it makes against the paper's formula is a
-    reference check (tests/reference_checks.py)."""
+    reference check (nanoattn/references)."""
     fields = dict(vocab_size=50, d_model=16, n_head=2, n_layer=1)
     model = GPT(ModelConfig(**fields, pos="sinusoidal"))
     assert list(model.pos.parameters()) == [] and list(model.pos.buffers()) == []

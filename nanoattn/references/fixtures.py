@@ -1,6 +1,6 @@
-"""Shared by the transformers interop tests (test_hf.py, test_hf_families.py) and the reference
-checks (reference_checks.py): random models with every weight moved off its initial value, so a
-mapping error cannot hide behind zeros or ones, and transformers' model loaded from an export."""
+"""Random models with every weight moved off its initial value (so a mapping error cannot hide behind
+zeros or ones), their inputs, transformers' model loaded from an export, and each attention variant's
+fields at the size of these small models."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from nanoattn import GPT, ModelConfig
+from nanoattn.config.options import ATTENTION_VARIANTS
 
 VOCAB = 97
 ORIGINAL = 32  # RoPE models' training context
@@ -47,3 +48,23 @@ def logits_diff(ours: GPT, theirs, length: int = LONG) -> float:
     idx = tokens(length)
     with torch.no_grad():
         return (ours(idx) - theirs(idx).logits).abs().max().item()
+
+
+# These models are smaller than the labs' (2 to 4 layers, 16 to 80 tokens, random weights), so the
+# variants whose values are sized for the labs take values that act at this size: a window shorter
+# than the input, caps where tanh is far from linear on random scores and logits, latent ranks below
+# d_model, one value table for two layers.
+AT_TEST_SIZE = {
+    "softcap": dict(attn_softcap=1.5, logit_softcap=1.5),
+    "window": dict(sliding_window=6),
+    "local_global": dict(sliding_window=[6, None]),  # a local layer of window 6, then a global one
+    "mla": dict(mla_kv_rank=12, mla_q_rank=20, mla_rope_dim=4),
+    "value_embeds": dict(value_embeds=1),  # one table, shared by the first and the last layer
+}
+
+
+def at_test_size(name: str) -> dict:
+    """The registry's fields of variant ``name``, with the test-sized values above."""
+    return {**ATTENTION_VARIANTS[name], **AT_TEST_SIZE.get(name, {})}
+
+
