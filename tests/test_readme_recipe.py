@@ -14,8 +14,8 @@ import pytest
 import torch
 from test_generate import check_cached_decoding, tiny
 
-import nanoattn.model.attention as attention_module
 from nanoattn import ModelConfig
+from nanoattn.model import routes
 from nanoattn.model.attention import Attention
 from nanoattn.positional import REGISTRY, build_positional
 
@@ -67,13 +67,13 @@ def test_the_recipes_encoding_decodes_exactly_from_the_cache(registered):
 
 
 def test_the_recipes_chunked_bias_equals_the_explicit_path(registered, monkeypatch):
-    monkeypatch.setattr(attention_module, "MASK_CHUNK_ELEMENTS", 2 * 4 * 7 * 40)  # 7 queries a chunk
+    monkeypatch.setattr(routes, "MASK_CHUNK_ELEMENTS", 2 * 4 * 7 * 40)  # 7 queries a chunk
     cfg = ModelConfig(d_model=32, n_head=4, n_kv_head=2, pos=registered)
     attn, pe = Attention(cfg), build_positional(cfg)
     with torch.no_grad():
         pe.slope.uniform_(0.05, 0.5, generator=torch.Generator().manual_seed(0))
     q, k, v = torch.randn(2, 4, 40, 8), torch.randn(2, 2, 40, 8), torch.randn(2, 2, 40, 8)
     positions = torch.arange(40)
-    fast = attn._attend(q, k, v, positions, positions, pe, 0)
-    slow, _ = attn._attend_explicit(q, k, v, attn._mask(q, k, positions, positions, pe, 0, torch.float32))
+    fast = attn.attend_heads(q, k, v, positions, positions, pe, 0)[0]
+    slow, _ = attn.attend_heads(q, k, v, positions, positions, pe, 0, return_weights=True)
     torch.testing.assert_close(fast, slow, atol=1e-5, rtol=1e-5)

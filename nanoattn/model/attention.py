@@ -4,6 +4,9 @@ Design:
 - ``n_kv_head`` query heads share each K/V head (MHA: n_kv_head = n_head, MQA: 1). One fused
   QKV projection is reshaped to heads; this is the same function as per-head projections
   with the matching row slices of the fused weight.
+- Which computation runs (SDPA causal, bf16 query blocks, one new token, chunked SDPA with a mask,
+  chunked explicit scores) is decided in ``routes.py``: by what SDPA can compute, then by timing,
+  with the query chunks a separate, memory decision. The notes below say why each route exists.
 - The fast path is ``scaled_dot_product_attention`` with ``enable_gqa`` so K/V are not repeated
   in memory where the kernel supports it. Without a bias and with queries and keys aligned
   it uses ``is_causal`` (flash / memory-efficient kernels, memory linear in T).
@@ -64,7 +67,6 @@ from torch import nn
 from nanoattn.model.cache import KVCache, StreamingCache
 from nanoattn.model.gates import ExcludeSelf, KVShift, OutputGate, OutputNorm, QKNorm, ScalableSoftmax
 from nanoattn.model.kernels import (
-    CAUSAL_QUERY_BLOCK,
     Linear,
     bf16_matmuls_faster,
     causal_query_blocks,
@@ -72,12 +74,11 @@ from nanoattn.model.kernels import (
     grouped_values,
 )
 from nanoattn.model.layers import dropout
+from nanoattn.model.routes import choose_route, query_chunks
 from nanoattn.model.score_functions import SCORE_FUNCTIONS, ForgetGate
 from nanoattn.model.selective import SelectiveBias
 from nanoattn.positional.base import PositionalEncoding
 
-# Largest mask/bias chunk, in elements of [B, n_head, chunk, T_k], built at once on the bias path.
-MASK_CHUNK_ELEMENTS = 1 << 22
 # attn_kernel='auto' on CPU in bf16: up to this many keys, two bf16 matmuls and a softmax are timed
 # against SDPA's flash kernel (``CausalAttention._scores_in_bf16``); past it their [B, H, Tq, keys]
 # scores grow quadratically while the flash kernel's memory stays linear, so SDPA is taken.
@@ -152,7 +153,7 @@ class CausalAttention(nn.Module, abc.ABC):
             pos = self.forget_gate(x, pos, k_positions, cache, layer)
         if self.selective:  # F joins the encoding's bias (selective.py)
             pos = SelectiveBias.start(pos, q, k, lambda s: softcap(s, self.score_cap), cache, layer)
-        y, weights = self._heads(q, k, v, positions, k_positions, pos, layer, return_weights)
+        y, weights = self.attend_heads(q, k, v, positions, k_positions, pos, layer, return_weights)
         if self.exclude_self is not None:
             y = self.exclude_self(y, v[:, :, -x.shape[1]:])  # the new tokens' own values, the newest
         if self.output_norm is not None:
@@ -168,9 +169,11 @@ class CausalAttention(nn.Module, abc.ABC):
         [B, T, Hkv * Dv] or None: the value-embedding rows of this layer's tokens (ModelConfig allows
         them only with ``Attention``)."""
 
-    def _heads(self, q, k, v, q_positions, k_positions, pos, layer, return_weights):
-        """q [B, H, Tq, D] over k [B, Hkv, Tk, D], v [B, Hkv, Tk, Dv] -> (y [B, H, Tq, Dv], the
-        weights [B, H, Tq, Tk] from the explicit path when ``return_weights``, else None)."""
+    def attend_heads(self, q, k, v, q_positions, k_positions, pos, layer, return_weights=False):
+        """The layer's attention over given heads: q [B, H, Tq, D] at ``q_positions`` over k
+        [B, Hkv, Tk, D], v [B, Hkv, Tk, Dv] at ``k_positions``, the newest Tq keys the queries' own,
+        with the encoding ``pos`` of layer ``layer`` -> (y [B, H, Tq, Dv], None) by the fast route
+        (``routes``), or (y, the weights [B, H, Tq, Tk]) computed explicitly when ``return_weights``."""
         if return_weights:
             mask = self._mask(q, k, q_positions, k_positions, pos, layer, torch.float32)
             return self._attend_explicit(q, k, v, mask)
@@ -185,44 +188,34 @@ class CausalAttention(nn.Module, abc.ABC):
         return dropout(self.proj(y.transpose(1, 2).reshape(B, T, -1)), self.dropout, self.training)
 
     def _attend(self, q, k, v, q_positions, k_positions, pos, layer) -> torch.Tensor:
-        """Fast path. q [B, H, Tq, D], k [B, Hkv, Tk, D], v [B, Hkv, Tk, Dv] -> [B, H, Tq, Dv]."""
+        """Fast path. q [B, H, Tq, D], k [B, Hkv, Tk, D], v [B, Hkv, Tk, Dv] -> [B, H, Tq, Dv], by the
+        route ``routes.choose_route`` picks."""
         B, H, Tq, D = q.shape
         Hkv, Tk, Dv = k.shape[1], k.shape[2], v.shape[3]
         options = dict(enable_gqa=Hkv != H, dropout_p=self.dropout if self.training else 0.0)
+        explicit = self.explicit or self.largest_logit is not None
         # SDPA's fused kernels need values as wide as queries (differential attention's are twice):
         # otherwise its math kernel would build the whole [B, H, Tq, Tk], so those go in chunks too.
-        explicit = self.explicit or self.largest_logit is not None
-        fused = not pos.adds_bias and not explicit and Dv == D
-        if fused and (self.window is None or Tk <= self.window):
-            if Tq == Tk:
-                if self._scores_in_bf16(q, k, Tk):
-                    return causal_query_blocks(q, k, v, lambda *b: self._attend_explicit(*b, q.dtype)[0])
-                return F.scaled_dot_product_attention(q, k, v, is_causal=True, **options)
-            if Tq == 1:  # one new token after the cache: it sees every cached key
-                # Each group's query heads become the query rows of its K/V head: no mask, no
-                # repeated K/V, and at batch 1 a third of the time of SDPA's enable_gqa path.
-                y = F.scaled_dot_product_attention(q.reshape(B, Hkv, H // Hkv, D), k, v,
-                                                   dropout_p=options["dropout_p"])  # [B, Hkv, H / Hkv, Dv]
-                return y.view(B, H, 1, Dv)
-        chunk = max(1, MASK_CHUNK_ELEMENTS // (B * H * Tk))
-        if Tq > CAUSAL_QUERY_BLOCK:  # blocks, as causal_query_blocks, skip the keys after their last query
-            chunk = min(chunk, CAUSAL_QUERY_BLOCK)
-        # One chunk without a range: compiled code then guards on Tq <= chunk, not on chunk's value,
-        # which changes with the cache's length at every decoding step.
-        bounds = ([(start, min(start + chunk, Tq)) for start in range(0, Tq, chunk)] if Tq > chunk
-                  else [(0, Tq)])
+        fused = not pos.adds_bias and not explicit and Dv == D and (self.window is None or Tk <= self.window)
+        route = choose_route(fused=fused, explicit=explicit, queries=Tq, keys=Tk,
+                             bf16_faster=lambda keys: self._scores_in_bf16(q, k, keys))
+        if route == "bf16_blocks":
+            return causal_query_blocks(q, k, v, lambda *b: self._attend_explicit(*b, q.dtype)[0])
+        if route == "sdpa_causal":
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, **options)
+        if route == "sdpa_one_token":
+            # Each group's query heads become the query rows of its K/V head: no mask, no repeated
+            # K/V, and at batch 1 a third of the time of SDPA's enable_gqa path.
+            y = F.scaled_dot_product_attention(q.reshape(B, Hkv, H // Hkv, D), k, v,
+                                               dropout_p=options["dropout_p"])  # [B, Hkv, H / Hkv, Dv]
+            return y.view(B, H, 1, Dv)
         outputs = []
-        for start, stop in bounds:
-            # Queries and keys end at the same (newest) position, so this chunk's queries see only
-            # the first Tk - Tq + stop keys: the later ones, fully masked, are never computed; with a
-            # window, neither are the keys before the first query's window.
-            keys = Tk - Tq + stop
-            first = 0 if self.window is None else max(0, Tk - Tq + start - self.window + 1)
-            q_chunk, k_chunk, v_chunk = q[:, :, start:stop], k[:, :, first:keys], v[:, :, first:keys]
+        for start, stop, first, last in query_chunks(B, H, Tq, Tk, self.window):
+            q_chunk, k_chunk, v_chunk = q[:, :, start:stop], k[:, :, first:last], v[:, :, first:last]
             # bf16 scores where the matmuls beat SDPA, the score cap and sinks included; float32 ones
             # for the other explicit computations and for the largest logit, a measurement.
-            bf16 = self.largest_logit is None and self._scores_in_bf16(q, k, keys - first)
-            q_at, k_at = q_positions[..., start:stop], k_positions[..., first:keys]  # [(B,) Tq'], [(B,) Tk']
+            bf16 = self.largest_logit is None and self._scores_in_bf16(q, k, last - first)
+            q_at, k_at = q_positions[..., start:stop], k_positions[..., first:last]  # [(B,) Tq'], [(B,) Tk']
             mask = self._mask(q_chunk, k_chunk, q_at, k_at, pos, layer,
                               torch.float32 if explicit and not bf16 else q.dtype)
             if explicit or bf16:
@@ -343,10 +336,10 @@ class Attention(CausalAttention):
             k_positions = key_positions(positions, seq_len, k.shape[2], cache)
         return q, k.to(q.dtype), v.to(q.dtype), k_positions
 
-    def _heads(self, q, k, v, q_positions, k_positions, pos, layer, return_weights):
+    def attend_heads(self, q, k, v, q_positions, k_positions, pos, layer, return_weights=False):
         if self.differential:
             return self._differential(q, k, v, q_positions, k_positions, pos, layer, return_weights)
-        return super()._heads(q, k, v, q_positions, k_positions, pos, layer, return_weights)
+        return super().attend_heads(q, k, v, q_positions, k_positions, pos, layer, return_weights)
 
     def _place(self, x: torch.Tensor, side: str, pos: PositionalEncoding, positions: torch.Tensor,
                seq_len: int) -> torch.Tensor:
@@ -372,8 +365,8 @@ class Attention(CausalAttention):
         lam = (first - second + self.lambda_init).to(q.dtype)
         outputs, maps = [], []
         for half in (0, 1):
-            y, weights = super()._heads(q[:, half::2], k[:, half::2], values, q_positions, k_positions, pos,
-                                        layer, return_weights)
+            y, weights = super().attend_heads(q[:, half::2], k[:, half::2], values, q_positions, k_positions,
+                                              pos, layer, return_weights)
             outputs.append(y)
             maps.append(weights)
         # In the norm's dtype, as QKNorm: torch's fused RMSNorm refuses bf16 input with float32 weights.

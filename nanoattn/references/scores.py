@@ -20,8 +20,7 @@ from x_transformers.x_transformers import (
 )
 
 from nanoattn import ModelConfig
-from nanoattn.model import Attention
-from nanoattn.model import attention as attention_module
+from nanoattn.model import Attention, routes
 from nanoattn.positional import alibi_slopes, build_positional
 from nanoattn.references.attention import TOKENS, causal_mask, causal_softmax, heads64, layer, project
 from nanoattn.references.core import acts, difference, randn
@@ -41,7 +40,7 @@ def against_layer(attn: Attention, cfg: ModelConfig, x: torch.Tensor, expected: 
     scores are built) and the slow path, and the slow path's weights, against the reference's."""
     B, T, _ = x.shape
     pe, positions = build_positional(cfg), torch.arange(T)
-    with torch.no_grad(), mock.patch.object(attention_module, "MASK_CHUNK_ELEMENTS", B * cfg.n_head * 5 * T):
+    with torch.no_grad(), mock.patch.object(routes, "MASK_CHUNK_ELEMENTS", B * cfg.n_head * 5 * T):
         fast = attn(x, pe, positions, T)[0]
         slow, weights = attn(x, pe, positions, T, return_weights=True)
     return max(difference(fast, expected), difference(slow, expected), difference(weights, expected_weights))
@@ -331,7 +330,7 @@ def sigmoid_x_transformers() -> float:
         x, positions = randn(2, TOKENS, 32, seed=1), torch.arange(TOKENS)
         with torch.no_grad():
             q, k, v = projected(attn, x)
-            got = attn._attend(q, k, v, positions, positions, build_positional(cfg), 0)  # [B, H, T, D]
+            got = attn.attend_heads(q, k, v, positions, positions, build_positional(cfg), 0)[0]
             b = torch.full((TOKENS, TOKENS), -math.log(cfg.max_seq_len))
             theirs = Attend(causal=True, sigmoid=True)(q, k, v, attn_bias=b)[0]
         worst = max(worst, difference(got, theirs))

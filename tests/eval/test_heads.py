@@ -22,7 +22,6 @@ from omegaconf import OmegaConf
 from test_one_line_errors import run_script
 from variants import VARIANTS
 
-import nanoattn.model.attention as attention_module
 from nanoattn import GPT, ModelConfig
 from nanoattn.checkpoint import resolve_checkpoint, save_checkpoint
 from nanoattn.commands.analyze_heads import HeadAnalysisConfig, analyze_heads
@@ -50,6 +49,7 @@ from nanoattn.eval.heads import (
 from nanoattn.eval.plots import plot_attention_grid, plot_attention_head
 from nanoattn.eval.runs import load_for_eval, run_data_dir
 from nanoattn.eval.variant_heads import GATE_NEAR_ZERO, own_statistic, variant_statistics
+from nanoattn.model import routes
 from nanoattn.positional import REGISTRY
 from nanoattn.validation import from_dict
 
@@ -83,7 +83,7 @@ ENCODINGS = [(pos, None) for pos in REGISTRY] + [
                          ids=[f"{p}-{(s or {}).get('type', '')}" for p, s in ENCODINGS])
 def test_attention_maps_slow_path_equals_fast_path(monkeypatch, pos, scaling, layout):
     # Small chunks so the bias path (ALiBi) really splits its queries.
-    monkeypatch.setattr(attention_module, "MASK_CHUNK_ELEMENTS", 2 * 4 * 5 * 24)
+    monkeypatch.setattr(routes, "MASK_CHUNK_ELEMENTS", 2 * 4 * 5 * 24)
     check_maps(small_model(LAYOUTS[layout], pos=pos, rope_scaling=scaling))
 
 
@@ -96,7 +96,7 @@ VARIANT_LAYOUTS = [(variant, layout) for variant in VARIANTS for layout in LAYOU
 @pytest.mark.parametrize(("variant", "layout"), VARIANT_LAYOUTS)
 def test_attention_maps_of_the_variants_equal_their_fast_path(monkeypatch, variant, layout):
     # The capped scores are computed in chunks on the fast path and whole on the slow one.
-    monkeypatch.setattr(attention_module, "MASK_CHUNK_ELEMENTS", 2 * 4 * 5 * 24)
+    monkeypatch.setattr(routes, "MASK_CHUNK_ELEMENTS", 2 * 4 * 5 * 24)
     model = small_model(**{"n_kv_head": LAYOUTS[layout], "init_std": 0.2, **VARIANTS[variant]})
     with torch.no_grad():
         for name, p in model.named_parameters():

@@ -26,7 +26,7 @@ from nanoattn.eval import evaluate_lengths, lengths_from_multiples, score_length
 from nanoattn.eval import runs as eval_runs
 from nanoattn.eval.length import PeakMemory, window_starts
 from nanoattn.eval.runs import default_output
-from nanoattn.model import attention
+from nanoattn.model import attention, routes
 from nanoattn.positional import REGISTRY, encodings_with
 from nanoattn.validation import from_dict
 
@@ -135,7 +135,7 @@ def test_attention_never_builds_a_heads_by_t_by_t_mask(monkeypatch, pos):
         assert built == []
     else:
         materialised = model.cfg.n_head * length * length
-        assert built and max(built) <= attention.MASK_CHUNK_ELEMENTS < materialised
+        assert built and max(built) <= routes.MASK_CHUNK_ELEMENTS < materialised
 
 
 def test_peak_memory_sees_torch_cpu_allocations():

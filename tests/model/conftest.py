@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from nanoattn.model import attention as attention_module
+from nanoattn.model import routes
 
 
 @pytest.fixture
@@ -20,5 +21,5 @@ def mask_sizes(monkeypatch) -> list[int]:
         return mask
 
     monkeypatch.setattr(attention_module.Attention, "_mask", spy)
-    monkeypatch.setattr(attention_module, "MASK_CHUNK_ELEMENTS", 1 << 16)
+    monkeypatch.setattr(routes, "MASK_CHUNK_ELEMENTS", 1 << 16)
     return sizes

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from nanoattn import GPT, KVCache, ModelConfig
-from nanoattn.model import Attention, kernels
+from nanoattn.model import Attention, kernels, routes
 from nanoattn.model import attention as attention_module
 from nanoattn.positional import REGISTRY, build_positional
 
@@ -104,14 +104,13 @@ def test_nope_with_causal_mask_is_not_order_blind():
 @pytest.mark.parametrize("pos", ATTENTION_LEVEL)
 @pytest.mark.parametrize("n_kv_head", [4, 2, 1])
 def test_chunked_mask_path_equals_explicit_attention(monkeypatch, pos, n_kv_head):
-    monkeypatch.setattr(attention_module, "MASK_CHUNK_ELEMENTS", 2 * 4 * 7 * 40)  # 7 queries a chunk
+    monkeypatch.setattr(routes, "MASK_CHUNK_ELEMENTS", 2 * 4 * 7 * 40)  # 7 queries a chunk
     cfg = ModelConfig(d_model=32, n_head=4, n_kv_head=n_kv_head, pos=pos)
     attn, pe = Attention(cfg), build_positional(cfg)
     q, k, v = torch.randn(2, 4, 40, 8), torch.randn(2, n_kv_head, 40, 8), torch.randn(2, n_kv_head, 40, 8)
     positions = torch.arange(40)
-    fast = attn._attend(q, k, v, positions, positions, pe, 0)
-    mask = attn._mask(q, k, positions, positions, pe, 0, torch.float32)
-    slow, weights = attn._attend_explicit(q, k, v, mask)
+    fast = attn.attend_heads(q, k, v, positions, positions, pe, 0)[0]
+    slow, weights = attn.attend_heads(q, k, v, positions, positions, pe, 0, return_weights=True)
     torch.testing.assert_close(fast, slow, atol=1e-5, rtol=1e-5)
     assert torch.allclose(weights.sum(-1), torch.ones(2, 4, 40))
     assert (weights.triu(1) == 0).all()  # causal
@@ -128,7 +127,7 @@ def test_many_queries_take_the_bias_path_in_causal_query_blocks(monkeypatch, pos
     q, k, v = torch.randn(2, 4, T, 8), torch.randn(2, 2, T, 8), torch.randn(2, 2, T, 8)
     positions = torch.arange(T)
     with torch.no_grad():
-        slow, _ = attn._attend_explicit(q, k, v, attn._mask(q, k, positions, positions, pe, 0, torch.float32))
+        slow, _ = attn.attend_heads(q, k, v, positions, positions, pe, 0, return_weights=True)
         shapes, original = [], attention_module.Attention._mask
 
         def spy(self, *args):
@@ -137,7 +136,7 @@ def test_many_queries_take_the_bias_path_in_causal_query_blocks(monkeypatch, pos
             return mask
 
         monkeypatch.setattr(attention_module.Attention, "_mask", spy)
-        fast = attn._attend(q, k, v, positions, positions, pe, 0)
+        fast = attn.attend_heads(q, k, v, positions, positions, pe, 0)[0]
     assert shapes == [(block, block), (block, 2 * block), (22, T)]
     torch.testing.assert_close(fast, slow, atol=1e-5, rtol=1e-5)
 

@@ -18,7 +18,7 @@ from variants import VARIANTS
 
 from nanoattn import GPT, KVCache, ModelConfig, generate
 from nanoattn.generate import Decoding
-from nanoattn.model import Attention
+from nanoattn.model import Attention, routes
 from nanoattn.model import attention as attention_module
 from nanoattn.model.attention import softcap
 from nanoattn.model.gates import QKNorm
@@ -121,7 +121,7 @@ def reference(q, k, v, *, cap=None, window=None, bias=None):
                                      dict(sliding_window=6, attn_softcap=1.5)], ids=["cap", "window", "both"])
 def test_capped_and_windowed_attention_in_query_chunks_equal_the_formula(monkeypatch, pos, n_kv_head,
                                                                         variant):
-    monkeypatch.setattr(attention_module, "MASK_CHUNK_ELEMENTS", 2 * 4 * 7 * 40)  # 7 queries a chunk
+    monkeypatch.setattr(routes, "MASK_CHUNK_ELEMENTS", 2 * 4 * 7 * 40)  # 7 queries a chunk
     cfg = ModelConfig(d_model=32, n_head=4, n_kv_head=n_kv_head, pos=pos, **variant)
     attn, pe = Attention(cfg), build_positional(cfg)
     q = torch.randn(2, 4, 40, 8) * 3  # scores well into tanh's curve
@@ -131,7 +131,7 @@ def test_capped_and_windowed_attention_in_query_chunks_equal_the_formula(monkeyp
     bias = pe.bias(q, k, positions, positions, 0)
     expected = reference(q, k, v, cap=variant.get("attn_softcap"), window=variant.get("sliding_window"),
                          bias=bias)
-    torch.testing.assert_close(attn._attend(q, k, v, positions, positions, pe, 0), expected,
+    torch.testing.assert_close(attn.attend_heads(q, k, v, positions, positions, pe, 0)[0], expected,
                                atol=1e-5, rtol=1e-5)
 
 
@@ -145,7 +145,7 @@ def test_capped_attention_stays_within_one_chunk_at_a_long_length(monkeypatch):
         return y, weights
 
     monkeypatch.setattr(attention_module.Attention, "_attend_explicit", spy)
-    monkeypatch.setattr(attention_module, "MASK_CHUNK_ELEMENTS", 1 << 16)
+    monkeypatch.setattr(routes, "MASK_CHUNK_ELEMENTS", 1 << 16)
     cfg = ModelConfig(vocab_size=50, d_model=32, n_layer=1, n_head=4, attn_softcap=1.5)
     with torch.no_grad():
         GPT(cfg).eval()(torch.randint(0, 50, (1, 1024)))
@@ -162,7 +162,7 @@ def test_a_windowed_layer_computes_only_keys_inside_its_chunks_windows(monkeypat
         return original(self, q, k, *args)
 
     monkeypatch.setattr(attention_module.Attention, "_mask", spy)
-    monkeypatch.setattr(attention_module, "MASK_CHUNK_ELEMENTS", 1 << 16)
+    monkeypatch.setattr(routes, "MASK_CHUNK_ELEMENTS", 1 << 16)
     cfg = ModelConfig(vocab_size=50, d_model=32, n_layer=1, n_head=4, sliding_window=64)
     with torch.no_grad():
         GPT(cfg).eval()(torch.randint(0, 50, (1, 1024)))

@@ -16,6 +16,7 @@ import torch
 from nanoattn import GPT, KVCache, ModelConfig
 from nanoattn.config.model import ATTN_FNS
 from nanoattn.model import attention as attention_module
+from nanoattn.model import routes
 from nanoattn.model.score_functions import SCORE_FUNCTIONS
 from nanoattn.positional import build_positional
 from nanoattn.references.attention import TOKENS, layer
@@ -70,7 +71,7 @@ def test_evaluation_at_a_long_length_builds_one_chunk_of_scores_at_a_time(monkey
 
     monkeypatch.setattr(attention_module.Attention, "_attend_explicit", spy_explicit)
     monkeypatch.setattr(attention_module.Attention, "_mask", spy_mask)
-    monkeypatch.setattr(attention_module, "MASK_CHUNK_ELEMENTS", 1 << 16)
+    monkeypatch.setattr(routes, "MASK_CHUNK_ELEMENTS", 1 << 16)
     cfg = ModelConfig(vocab_size=50, d_model=32, n_layer=1, n_head=4, pos="nope", **fields)
     with torch.no_grad():
         GPT(cfg).eval()(torch.randint(0, 50, (1, 1024)))

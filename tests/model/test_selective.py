@@ -19,7 +19,7 @@ from x_transformers.attend import selective_attn
 from nanoattn import GPT, KVCache, ModelConfig, generate
 from nanoattn.eval.variant_heads import SELECTIVE_PRUNE_F, selective_pruning, variant_statistics
 from nanoattn.generate import Decoding
-from nanoattn.model import Attention
+from nanoattn.model import Attention, routes
 from nanoattn.model import attention as attention_module
 from nanoattn.model.selective import SelectiveBias
 from nanoattn.positional import build_positional
@@ -72,7 +72,7 @@ def random_heads(n_kv_head: int, T: int = 20, seed: int = 0):
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_the_chunked_and_explicit_paths_are_the_papers_equations(monkeypatch, layout, pos, cap):
     """S from the logits the softmax sees: an encoding's bias (ALiBi) and the score cap included."""
-    monkeypatch.setattr(attention_module, "MASK_CHUNK_ELEMENTS", 4 * 6 * 20)  # 6 queries a chunk
+    monkeypatch.setattr(routes, "MASK_CHUNK_ELEMENTS", 4 * 6 * 20)  # 6 queries a chunk
     cfg = config(n_kv_head=LAYOUTS[layout], pos=pos, attn_softcap=cap)
     attn, pe = Attention(cfg), build_positional(cfg)
     q, k, v = random_heads(cfg.n_kv_head)
@@ -83,11 +83,9 @@ def test_the_chunked_and_explicit_paths_are_the_papers_equations(monkeypatch, la
     def fresh() -> SelectiveBias:  # the sums start over for each pass
         return SelectiveBias.start(pe, q, k, lambda s: attention_module.softcap(s, cap), None, 0)
 
-    chunked = attn._attend(q, k, v, positions, positions, fresh(), 0)
-    selective = fresh()
-    mask = attn._mask(q, k, positions, positions, selective, 0, torch.float32)
-    explicit, weights = attn._attend_explicit(q, k, v, mask)
-    plain = attn._attend(q, k, v, positions, positions, pe, 0)
+    chunked = attn.attend_heads(q, k, v, positions, positions, fresh(), 0)[0]
+    explicit, weights = attn.attend_heads(q, k, v, positions, positions, fresh(), 0, return_weights=True)
+    plain = attn.attend_heads(q, k, v, positions, positions, pe, 0)[0]
     assert (plain - expected).abs().max() > 0.05  # F changes the output
     torch.testing.assert_close(chunked, expected, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(explicit, expected, atol=1e-5, rtol=1e-5)
@@ -169,14 +167,14 @@ def test_the_selection_sums_grow_and_stay_zero_for_the_first_token():
 def test_pruning_is_the_papers_drop_rule_in_prefill_and_decoding_alike(monkeypatch):
     """With a threshold a query skips the keys whose F passed it: the reference's rule, the same in one
     prefill and token by token; each layer's count of dropped keys is what the last query skipped."""
-    monkeypatch.setattr(attention_module, "MASK_CHUNK_ELEMENTS", 4 * 6 * 20)
+    monkeypatch.setattr(routes, "MASK_CHUNK_ELEMENTS", 4 * 6 * 20)
     cfg = config(n_layer=1, pos="nope")
     attn, pe = Attention(cfg).eval(), build_positional(cfg)
     q, k, v = random_heads(cfg.n_kv_head, seed=3)
     positions = torch.arange(20)
     cache = KVCache(cfg, 1, 20, prune_threshold=1.0)  # attention reads its threshold and keeps F's sums there
     selective = SelectiveBias.start(pe, q, k, lambda s: s, cache, 0)
-    got = attn._attend(q, k, v, positions, positions, selective, 0)
+    got = attn.attend_heads(q, k, v, positions, positions, selective, 0)[0]
     expected = reference(q[0], k[0], v[0], threshold=1.0).float()[None]
     assert (reference(q[0], k[0], v[0]).float()[None] - expected).abs().max() > 1e-3  # it prunes
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)

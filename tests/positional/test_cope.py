@@ -10,7 +10,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from nanoattn import GPT, KVCache, ModelConfig
-from nanoattn.model import attention
+from nanoattn.model import routes
 from nanoattn.positional import REGISTRY, build_positional
 from nanoattn.positional.cope import CoPEPositionalEncoding
 
@@ -175,7 +175,7 @@ def test_chunked_queries_equal_one_chunk(monkeypatch, n_kv_head):
     idx = torch.randint(0, 32, (2, 40), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         whole = model(idx)
-        monkeypatch.setattr(attention, "MASK_CHUNK_ELEMENTS", 2 * 4 * 3 * 40)  # 3 queries a chunk
+        monkeypatch.setattr(routes, "MASK_CHUNK_ELEMENTS", 2 * 4 * 3 * 40)  # 3 queries a chunk
         chunked = model(idx)
         _, weights = model.attention_maps(idx)  # the explicit path
     torch.testing.assert_close(chunked, whole, atol=1e-5, rtol=1e-5)
@@ -281,7 +281,7 @@ def test_the_bias_never_builds_more_than_a_chunk_at_length_2048(monkeypatch):
     with torch.no_grad():
         model(torch.randint(0, 32, (1, length)))
     materialised = model.cfg.n_head * length * length
-    assert len(built) > 1 and max(largest) <= attention.MASK_CHUNK_ELEMENTS < materialised
+    assert len(built) > 1 and max(largest) <= routes.MASK_CHUNK_ELEMENTS < materialised
     assert max(largest) >= max(built)  # the spy sees the [B, H, Tq, Tk] intermediates
 
 
