@@ -30,12 +30,13 @@ def _compose(overrides: list[str]):
 
 
 def test_every_preset_is_there():
-    assert PRESETS == ["hf", "shakespeare", "shakespeare_byte", "shakespeare_char", "text"]
+    assert PRESETS == ["hf", "rows", "shakespeare", "shakespeare_byte", "shakespeare_char", "text"]
 
 
 @pytest.mark.parametrize("name", PRESETS)
 def test_every_preset_composes_into_a_valid_data_config(name):
-    required = {"text": ["data.paths=[notes.txt]"], "hf": ["data.hf_name=user/corpus"]}.get(name, [])
+    required = {"text": ["data.paths=[notes.txt]"], "rows": ["data.paths=[web/]"],
+                "hf": ["data.hf_name=user/corpus"]}.get(name, [])
     cfg = _compose([f"data={name}", *required])
     data = DataConfig.from_dict(OmegaConf.to_container(cfg.data, resolve=True))
     assert data.name == name and cfg.force is False
