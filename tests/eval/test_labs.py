@@ -34,6 +34,7 @@ from nanoattn.commands.labs import (
     task_lab,
 )
 from nanoattn.commands.labs.driver import quick_config
+from nanoattn.commands.labs.scales import WEB_CORPUS, at_scale
 from nanoattn.config.options import ATTENTION_VARIANTS, encoding_options
 from nanoattn.eval.tasks import size_bins
 
@@ -163,6 +164,42 @@ def test_every_lab_has_a_quick_form_of_its_own_rows_at_one_seed_in_a_runs_folder
     with pytest.raises(ValueError, match=r"^attention_lab.out='docs/results' is invalid: must be null with "
                                          r"quick=true \(a quick page is a first look"):
         AttentionLabConfig(quick=True, out="docs/results")
+
+
+def test_every_lab_at_the_gpu_scale_trains_its_rows_at_the_gpt2_small_shape_apart(trainer, tmp_path):
+    for name, cfg in LAB_CONFIGS.items():
+        lab = at_scale(LABS[name], "gpu")
+        assert lab.name == f"{name}_gpu" and (lab.experiment or name) == (LABS[name].experiment or name)
+        rows = lab.rows(cfg)[:2]
+        jobs = lab_jobs(lab, dataclasses.replace(cfg, scale="gpu"), rows, tmp_path / lab.name)
+        web = name in ("extrapolation", "passkey", "attention")
+        for overrides in jobs.values():
+            corpus = [o for o in overrides if o.startswith("data")]
+            assert corpus == ([o for o in WEB_CORPUS if o.startswith("data")] if web else []), name
+            # Resolving prepares the data, and the web corpus needs a network: the model and the
+            # training are resolved on the lab's own corpus.
+            if name == "passkey":  # it resolves the extrapolation run it starts from, which is not here
+                assert any(o.startswith("train.init_from=runs/extrapolation_gpu/") for o in overrides)
+                continue
+            run = trainer.resolve([o for o in overrides if o not in corpus])
+            assert (run["model"]["d_model"], run["model"]["n_layer"], run["model"]["n_head"]) == (768, 12, 12)
+            assert run["train"]["device"] == "cuda" and run["train"]["dtype"] == "bfloat16"
+            assert (run["train"]["seq_len"] == 1024) == web, name
+        plain = lab_jobs(LABS[name], cfg, rows, tmp_path / name)  # the CPU scale is the lab as it was
+        assert all("train.device=cuda" not in overrides for overrides in plain.values())
+    assert LabConfig(passkey=True, scale="gpu").starting_root() == Path("runs/extrapolation_gpu")
+    assert at_scale(LABS["passkey"], "gpu").starts_from == "extrapolation_gpu"
+    with pytest.raises(ValueError, match=r"^attention_lab.scale='tpu' is invalid: allowed: cpu \| gpu$"):
+        AttentionLabConfig(scale="tpu")
+
+
+def test_training_a_lab_at_the_gpu_scale_without_cuda_is_refused_before_anything_trains(tmp_path, trainer,
+                                                                                       monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    cfg = AttentionLabConfig(scale="gpu", train=True, runs_root=str(tmp_path / "runs"))
+    with pytest.raises(ValueError, match=r"^attention_lab.scale=.gpu. is invalid here: it trains on a CUDA"):
+        run_lab(LABS["attention"], cfg, trainer)
+    assert not (tmp_path / "runs").exists()
 
 
 def test_a_quick_lab_evaluates_its_quick_rows_only(prepared, tmp_path, trainer):

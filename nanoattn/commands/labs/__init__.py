@@ -34,6 +34,7 @@ from nanoattn.commands.labs.runs import (
     run_dir,
     train_runs,
 )
+from nanoattn.commands.labs.scales import WEB_CORPUS
 from nanoattn.commands.labs.tasks import (
     BUDGET_FACTOR,
     DIGIT_FACTORS,
@@ -71,14 +72,22 @@ class LabConfig(LabRunsConfig):
     owner: ClassVar[str] = "extrapolation_lab"
     passkey: bool = False  # the passkey lab (fine-tunes of the extrapolation runs), not perplexity
     samples: int = PasskeyEvalConfig.samples  # passkey lab: keys per length and depth
-    init_root: str = "runs/extrapolation"  # passkey lab: the extrapolation lab's runs it fine-tunes
+    # passkey lab: the extrapolation lab's runs it fine-tunes; None: that lab's at this scale,
+    # runs/extrapolation (runs/extrapolation_gpu at scale=gpu)
+    init_root: str | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check_bool(self.owner, "passkey", self.passkey)
         check_positive_int(self.owner, "samples", self.samples)
-        if not is_path(self.init_root):
-            fail(self.owner, "init_root", self.init_root, "must be a folder")
+        if self.init_root is not None and not is_path(self.init_root):
+            fail(self.owner, "init_root", self.init_root, "must be a folder or null")
+
+    def starting_root(self) -> Path:
+        """Where the runs the passkey lab fine-tunes are: ``init_root``, or the extrapolation lab's at
+        this scale."""
+        scaled = "" if self.scale == "cpu" else f"_{self.scale}"
+        return Path(self.init_root or f"runs/extrapolation{scaled}")
 
 
 @dataclass
@@ -147,7 +156,8 @@ ABOUT_PERPLEXITY = (
 LABS: dict[str, Lab] = {lab.name: lab for lab in (
     Lab("extrapolation", "Length extrapolation: perplexity past the training length", ABOUT_PERPLEXITY,
         extrapolation_rows, perplexity_report, perplexity_cells, plot_length_curves,
-        claims=papers.EXTRAPOLATION, quick=Quick(("rope", "alibi", "nope"), QUICK_STEPS, QUICK_TOKENS)),
+        claims=papers.EXTRAPOLATION, quick=Quick(("rope", "alibi", "nope"), QUICK_STEPS, QUICK_TOKENS),
+        gpu=WEB_CORPUS),
     Lab("passkey", "Passkey retrieval past the training length",
         "Each row fine-tunes the extrapolation lab's run of one encoding on passkey retrieval at its "
         "training length (`configs/experiment/passkey.yaml`), then asks for the key at 1-16x that length, "
@@ -156,9 +166,9 @@ LABS: dict[str, Lab] = {lab.name: lab for lab in (
         passkey_report, passkey_cells, plot_passkey,
         rates=lambda cfg, column: cfg.samples * len(DEFAULT_DEPTHS) if column.startswith("acc ") else None,
         train_extra=lambda cfg, row, seed: [
-            f"train.init_from={run_dir(Path(cfg.init_root), row.run, seed)}"], starts_from="extrapolation",
+            f"train.init_from={run_dir(cfg.starting_root(), row.run, seed)}"], starts_from="extrapolation",
         quick=Quick(("rope", "alibi"), ("train.max_steps=200",),
-                    {"init_root": "runs/extrapolation_quick", "samples": 5})),
+                    {"init_root": "runs/extrapolation_quick", "samples": 5}), gpu=WEB_CORPUS),
     Lab("attention", "Attention variants: perplexity, price and logits",
         "Each row is the extrapolation experiment's model with RoPE and one attention variant "
         "(`nanoattn.config.options.ATTENTION_VARIANTS`, `configs/experiment/attention.yaml`), evaluated in "
@@ -173,7 +183,7 @@ LABS: dict[str, Lab] = {lab.name: lab for lab in (
         lambda cfg: [*(Row(name, name, (f"attention={name}",)) for name in ATTENTION_VARIANTS),
                      *(Row(name, name, (f"pos={name}",)) for name in ATTENTION_LAB_ENCODINGS)],
         attention_report, attention_cells, plot_length_curves, claims=papers.ATTENTION,
-        quick=Quick(("plain", "qk_norm"), QUICK_STEPS, QUICK_TOKENS)),
+        quick=Quick(("plain", "qk_norm"), QUICK_STEPS, QUICK_TOKENS), gpu=WEB_CORPUS),
     *TASK_LABS,
     *ARITHMETIC_LABS,
 )}

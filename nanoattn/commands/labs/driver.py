@@ -51,6 +51,7 @@ from nanoattn.commands.labs.runs import (
     run_scale,
     train_runs,
 )
+from nanoattn.commands.labs.scales import SCALES, at_scale, check_scale_device
 from nanoattn.eval.claims import Claim, Measure, degradation_column
 from nanoattn.eval.results import check_page_output, git_state, record, render_page, write_page
 from nanoattn.eval.runs import is_path
@@ -81,6 +82,7 @@ class LabRunsConfig:
     # summaries and claims, nothing trained or evaluated; the page says which command measured them.
     values_from: str | None = None
     quick: bool = False  # the lab's quick form (Lab.quick): a first look in minutes, not a page to cite
+    scale: str = "cpu"  # cpu | gpu: the same rows at the GPT-2-small shape on a CUDA GPU (scales.py)
 
     def __post_init__(self) -> None:
         own = self.owner
@@ -93,6 +95,7 @@ class LabRunsConfig:
         self.seeds = list(self.seeds)
         check_bool(own, "train", self.train)
         check_bool(own, "quick", self.quick)
+        check_choice(own, "scale", self.scale, SCALES)
         if self.quick and (self.out is not None or self.values_from is not None):
             given = "out" if self.out is not None else "values_from"
             fail(own, given, getattr(self, given), "must be null with quick=true (a quick page is a first "
@@ -165,6 +168,8 @@ class Lab:
     # The lab whose runs this lab's start from (``train.init_from``), each row's at the same seed.
     starts_from: str | None = None
     quick: Quick | None = None  # its quick form (``quick=true``)
+    gpu: tuple[str, ...] = ()  # its own training overrides at scale=gpu beyond the shared ones (scales.py)
+    scaled: tuple[str, ...] = ()  # the overrides of the scale it runs at (set by ``scales.at_scale``)
 
 
 def mean_report(reports: Sequence[Report]) -> Report:
@@ -185,6 +190,9 @@ def mean_report(reports: Sequence[Report]) -> Report:
 def run_lab(lab: Lab, cfg: LabRunsConfig, trainer: Trainer) -> dict[str, Any]:
     """Train (with ``cfg.train``) and evaluate every row at every seed; write and print the page.
     One lab at a time in a runs folder (see the module docstring)."""
+    lab = at_scale(lab, cfg.scale)
+    if cfg.train:
+        check_scale_device(cfg.scale, cfg.owner)
     if cfg.quick:
         cfg = quick_config(lab, cfg)
     runs_root = Path(cfg.runs_root or f"runs/{lab.name}")

@@ -39,7 +39,7 @@ def lab_jobs(lab: Lab, cfg: LabRunsConfig, rows: Sequence[Row], runs_root: Path)
     """Each run the lab trains, with the whole of its training command's overrides."""
     return {run_dir(runs_root, row.run, seed): [f"experiment={lab.experiment or lab.name}", *row.train,
                                                 f"train.seed={seed}", *lab.train_extra(cfg, row, seed),
-                                                *cfg.train_overrides, "logger=none"]
+                                                *lab.scaled, *cfg.train_overrides, "logger=none"]
             for row in rows if row.train for seed in cfg.seeds}
 
 
@@ -57,11 +57,11 @@ def check_lab_runs(expected: Mapping[Path, Mapping[str, Any]]) -> None:
 
 
 def check_starting_runs(lab: Lab, cfg: LabRunsConfig, rows: Sequence[Row]) -> None:
-    """A lab whose runs start from another lab's (``starts_from``, under ``cfg.init_root``): refuse a
-    starting run that is missing or unfinished, before anything trains."""
+    """A lab whose runs start from another lab's (``starts_from``, under ``cfg.starting_root()``): refuse
+    a starting run that is missing or unfinished, before anything trains."""
     for row in rows:
         for seed in cfg.seeds:
-            start = run_dir(Path(cfg.init_root), row.run, seed)
+            start = run_dir(cfg.starting_root(), row.run, seed)
             went = progress(start)
             if not went.finished:
                 state = "is missing" if went.step is None else f"is at step {went.step} of {went.last}"
