@@ -9,11 +9,13 @@ from nanoattn.tasks.base import EVAL_FACTORS, Instance, Segment, Task
 from nanoattn.tasks.copy import Copy, Reverse
 from nanoattn.tasks.counting import Counting
 from nanoattn.tasks.flip_flop import FlipFlop
+from nanoattn.tasks.mqar import MultiQueryRecall
 from nanoattn.tasks.parity import Parity
 from nanoattn.tasks.retrieval import MultiKeyNeedle, VariableTracking
 from nanoattn.tasks.selective_copy import SelectiveCopy
 
 TASKS: dict[str, type[Task]] = {task.name: task for task in (
-    Copy, Reverse, Addition, Parity, SelectiveCopy, Counting, FlipFlop, MultiKeyNeedle, VariableTracking)}
+    Copy, Reverse, Addition, Parity, SelectiveCopy, Counting, FlipFlop, MultiKeyNeedle, VariableTracking,
+    MultiQueryRecall)}
 
 __all__ = ["EVAL_FACTORS", "TASKS", "Instance", "Segment", "Task"]

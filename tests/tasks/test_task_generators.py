@@ -156,6 +156,22 @@ def test_variable_tracking_answers_every_variable_holding_the_value_in_chain_ord
             assert text_tokens(instance) == size
 
 
+def test_mqar_queries_every_key_once_and_scores_its_value():
+    for seed in SEEDS:
+        for size in [*sizes("mqar"), 52]:
+            context, *queries = draw("mqar", size, seed).segments
+            assert not context.scored and context.piece.endswith(">")
+            pairs = context.piece[:-1]
+            stored = dict(zip(pairs[::2], pairs[1::2], strict=True))
+            assert len(stored) == size and all(k.isalpha() and v.isdigit() for k, v in stored.items())
+            keys, values = queries[::2], queries[1::2]
+            assert not any(k.scored for k in keys) and all(v.scored for v in values)
+            assert sorted(k.piece for k in keys) == sorted(stored)
+            assert all(stored[k.piece] == v.piece for k, v in zip(keys, values, strict=True))
+    with pytest.raises(ValueError, match=r"^task mqar: size=53 pairs is invalid: at most 52, one letter"):
+        draw("mqar", 53, 0)
+
+
 @pytest.mark.parametrize("name", sorted(TASKS))
 def test_a_seed_reproduces_its_instance_and_other_seeds_give_others(name):
     def key(instance: Instance) -> list:
