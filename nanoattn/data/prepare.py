@@ -54,7 +54,7 @@ from nanoattn.data.errors import DataError
 from nanoattn.data.loader import TokenData
 from nanoattn.data.shards import SplitProgress, shard_name, write_split
 from nanoattn.data.tokenizer import build_tokenizer, eot_id, load_tokenizer, sample_texts, token_dtype
-from nanoattn.runtime import exclusive_lock
+from nanoattn.runtime import exclusive_lock, write_atomic
 
 FORMAT_VERSION = 2  # bump when the files written here change meaning, so old folders re-prepare
 SPLITS = ("train", "val")
@@ -207,7 +207,7 @@ def _tokenizer(cfg: DataConfig, corpus: Corpus, partial: Path) -> Tokenizer:
               "characters of the training split")
     tokenizer = build_tokenizer(cfg.tokenizer, sample_texts((d.text for d in corpus.train),
                                                             cfg.tokenizer.sample_chars))
-    tokenizer.save(str(saved))
+    write_atomic(saved, tokenizer.to_str(pretty=True))  # a kill mid-write leaves none, never half of one
     return tokenizer
 
 
