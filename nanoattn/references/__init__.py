@@ -5,7 +5,7 @@
 implementation, or the paper's equations written out here in float64 where no package has them),
 measures the largest difference between nanoattn's output and the reference's on small seeded
 inputs (a bias, rotated queries and keys, an attention layer's output, or a model's logits), and
-states the tolerance ``tests/test_reference_checks.py`` asserts, with its reason beside it.
+states its tolerance, with its reason beside it (the suite asserts every check within it).
 ``scripts/reference_table.py`` runs every check and publishes ``docs/results/references.md``
 (``table.publish``).
 

@@ -87,12 +87,17 @@ def softcap_gemma2() -> float:
             ours.qkv.weight.mul_(4)
         copy_projections(ours, theirs, n_kv_head)
         with torch.no_grad():
-            x, positions = torch.randn(2, T, 64), torch.arange(T)
-            cos_sin = Gemma2RotaryEmbedding(hf_cfg)(x, positions[None])
-            expected = theirs(x, position_embeddings=cos_sin, attention_mask=causal_mask(T))[0]
-            got = ours(x, build_positional(ours_cfg), positions, T)[0]
+            got, expected = rotary_layer_outputs(ours, ours_cfg, theirs, Gemma2RotaryEmbedding(hf_cfg), T)
         worst = max(worst, difference(got, expected))
     return worst
+
+
+def rotary_layer_outputs(ours: Attention, cfg: ModelConfig, theirs, rotary, T: int):
+    """(ours, theirs): both layers' outputs on one random [2, T, 64] input at positions 0..T-1, theirs
+    given transformers' cos/sin from ``rotary`` and a causal mask."""
+    x, positions = torch.randn(2, T, 64), torch.arange(T)
+    expected = theirs(x, position_embeddings=rotary(x, positions[None]), attention_mask=causal_mask(T))[0]
+    return ours(x, build_positional(cfg), positions, T)[0], expected
 
 
 def mla_deepseek() -> float:

@@ -18,7 +18,7 @@ class Check:
     reference: str  # the package and symbol, or the paper's equations written out here
     compared: str  # which of nanoattn's outputs, on what
     measure: Callable[[], float]  # the largest difference (``difference``)
-    tolerance: float  # asserted by tests/test_reference_checks.py; its reason is beside its value
+    tolerance: float  # the largest difference allowed (the suite asserts it); its reason is beside its value
     note: str = ""  # a convention where nanoattn and the reference differ, and how the check bridges it
 
 

@@ -22,7 +22,14 @@ from x_transformers.x_transformers import (
 from nanoattn import ModelConfig
 from nanoattn.model import Attention, routes
 from nanoattn.positional import alibi_slopes, build_positional
-from nanoattn.references.attention import TOKENS, causal_mask, causal_softmax, heads64, layer, project
+from nanoattn.references.attention import (
+    TOKENS,
+    causal_softmax,
+    heads64,
+    layer,
+    project,
+    rotary_layer_outputs,
+)
 from nanoattn.references.core import acts, difference, randn
 from nanoattn.references.fixtures import at_test_size
 
@@ -91,10 +98,7 @@ def gate_qwen3_next() -> float:
             theirs.o_proj.weight.copy_(ours.proj.weight)
             theirs.q_norm.weight.copy_(ours.qk_norm.q.weight - 1)
             theirs.k_norm.weight.copy_(ours.qk_norm.k.weight - 1)
-            x, positions = torch.randn(2, T, 64), torch.arange(T)
-            cos_sin = Qwen3NextRotaryEmbedding(hf)(x, positions[None])
-            expected = theirs(x, position_embeddings=cos_sin, attention_mask=causal_mask(T))[0]
-            got = ours(x, build_positional(cfg), positions, T)[0]
+            got, expected = rotary_layer_outputs(ours, cfg, theirs, Qwen3NextRotaryEmbedding(hf), T)
         worst = max(worst, difference(got, expected))
     return worst
 

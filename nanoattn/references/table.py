@@ -18,7 +18,7 @@ ABOUT = ("Every positional encoding (`pos=`) and attention variant (`attention=`
          "paper: the reference implementation it is tested against, what is compared, and the largest "
          "difference measured, max |nanoattn - reference| / max(1, |reference|) over the compared entries "
          "(absolute below 1, relative above), on small seeded inputs in float32 on nanoattn's side. The "
-         "tolerance is the one `tests/test_reference_checks.py` asserts; the checks, and the reason for each "
+         "tolerance is each check's own, which the test suite asserts; the checks, and the reason for each "
          "tolerance, are in `nanoattn/references/`. A note says where nanoattn and the reference differ "
          "by a convention, and how the check bridges it.")
 COLUMNS = ("name", "kind", "paper", "reference", "compared", "largest difference", "tolerance", "note")
