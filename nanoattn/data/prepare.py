@@ -91,8 +91,8 @@ def is_up_to_date(cfg: DataConfig) -> bool:
 
 def ensure_prepared(cfg: DataConfig) -> Path:
     """The prepared folder, preparing it first (with progress and a summary) only when needed."""
-    with preparation_lock(cfg):
-        return _ensure(cfg)
+    with preparation_lock(cfg) as up_to_date:
+        return data_dir(cfg) if up_to_date else _prepare(cfg)
 
 
 def open_prepared(cfg: DataConfig) -> TokenData:
@@ -101,21 +101,17 @@ def open_prepared(cfg: DataConfig) -> TokenData:
     Both splits are memory-mapped under the lock: a later re-preparation by another run replaces
     the folder, but not the files this one holds open, nor its tokenizer.
     """
-    with preparation_lock(cfg):
-        data = TokenData(_ensure(cfg))
+    with preparation_lock(cfg) as up_to_date:
+        data = TokenData(data_dir(cfg) if up_to_date else _prepare(cfg))
         data.open()
         return data
-
-
-def _ensure(cfg: DataConfig) -> Path:
-    return data_dir(cfg) if is_up_to_date(cfg) else _prepare(cfg)
 
 
 def prepare_data(cfg: DataConfig, force: bool = False) -> Path:
     """Prepare ``cfg`` into ``data_dir(cfg)`` and print a summary; with the same config, say so and stop.
     ``force`` prepares anew from the first row, an interrupted preparation's shards discarded."""
-    with preparation_lock(cfg):
-        if not force and is_up_to_date(cfg):
+    with preparation_lock(cfg) as up_to_date:
+        if not force and up_to_date:
             target = data_dir(cfg)
             print(f"{target} is up to date with this config; nothing to do (force=true re-prepares)")
             return target
@@ -131,18 +127,20 @@ def partial_dir(cfg: DataConfig) -> Path:
 
 
 @contextmanager
-def preparation_lock(cfg: DataConfig) -> Iterator[None]:
-    """Hold the data root's lock (waiting for another preparation), with SIGTERM raising inside.
-    Hidden folders of this name that no preparation of ``cfg`` resumes are a killed one's: removed
-    (all of them when the folder is up to date: there is nothing to resume)."""
+def preparation_lock(cfg: DataConfig) -> Iterator[bool]:
+    """Hold the data root's lock (waiting for another preparation), with SIGTERM raising inside; yields
+    whether the folder is up to date with ``cfg``, as found under the lock. Hidden folders of this name
+    that no preparation of ``cfg`` resumes are a killed one's: removed (all of them when the folder is
+    up to date: there is nothing to resume)."""
     target = data_dir(cfg)
     with exclusive_lock(target.parent, f"data root {target.parent}", wait=True), _sigterm_raises():
-        resumable = None if is_up_to_date(cfg) else partial_dir(cfg)
+        up_to_date = is_up_to_date(cfg)
+        resumable = None if up_to_date else partial_dir(cfg)
         for stage in ("partial", "old"):
             for leftover in target.parent.glob(f".{target.name}.{stage}-*"):
                 if leftover != resumable:
                     shutil.rmtree(leftover, ignore_errors=True)
-        yield
+        yield up_to_date
 
 
 @contextmanager
