@@ -88,7 +88,7 @@ def torch_determinism_as_found():
 def fresh_attention_timings():
     """``kernels.bf16_matmuls_faster`` answers from scratch in the test (a process keeps its first
     answer per shape), and later tests do not see the test's answers."""
-    from nanoattn.model import kernels
+    from nanoattn import kernels
 
     kernels.bf16_attention_timing.cache_clear()
     yield

@@ -26,7 +26,7 @@ from omegaconf import OmegaConf
 import nanoattn.bench.e2e
 import nanoattn.bench.labs
 import nanoattn.bench.train
-from nanoattn import GPT
+from nanoattn import GPT, kernels
 from nanoattn.bench import (
     EVAL_POSITIONS,
     SECTIONS,
@@ -44,7 +44,6 @@ from nanoattn.bench.train import TwinLoss, training_twin
 from nanoattn.bench.variants import bench_attention
 from nanoattn.config import ModelConfig, RunConfig, preset
 from nanoattn.config.options import ATTENTION_VARIANTS, encoding_options
-from nanoattn.model import kernels
 from nanoattn.train import step
 from nanoattn.validation import from_dict
 

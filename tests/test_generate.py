@@ -31,6 +31,7 @@ from nanoattn.generate import (
     top_k_filter,
     top_p_filter,
 )
+from nanoattn.mechanisms import REGISTRY as MECHANISMS
 from nanoattn.positional import REGISTRY
 from nanoattn.text import TextStream, sample_text
 
@@ -152,10 +153,20 @@ def test_cached_decoding_of_the_score_variants_with_latent_attention(fields):
 REFUSED_PAIRS = {("qk_norm", "mla"), ("qk_norm_after", "mla"), ("sinks", "diff"), ("diff", "mla"),
                  ("mla", "value_embeds"), ("sinks", "stick_breaking"), ("sinks", "sigmoid"), ("diff", "fox"),
                  ("diff", "stick_breaking"), ("diff", "sigmoid"), ("mla", "fox"), ("mla", "stick_breaking"),
-                 ("diff", "xsa"), ("window", "selective"), ("local_global", "selective"),
+                 ("window", "selective"), ("local_global", "selective"),
                  ("diff", "selective"), ("diff", "fox_pro"), ("mla", "fox_pro"), ("mla", "sigmoid")}
 # Every pair of variants, less two values of one field (window and local_global...), which are one choice.
 PAIRS = [pair for pair in itertools.combinations(VARIANTS, 2) if not alternatives(*pair)]
+# And a registered mechanism that says it cannot act on differential attention's pairs of heads, with it.
+
+def refuses_paired_heads(variant: str) -> bool:
+    fields = VARIANTS[variant].keys()
+    return any(m.paired_heads_refusal and set(m.fields) & fields for m in MECHANISMS.values())
+
+
+REFUSED_PAIRS |= {(first, second) for first, second in PAIRS
+                  if (VARIANTS[first].get("diff_attn") and refuses_paired_heads(second))
+                  or (VARIANTS[second].get("diff_attn") and refuses_paired_heads(first))}
 INTERACTING = [(first, second) for first, second in PAIRS if stages(first) & stages(second)]
 
 

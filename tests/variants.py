@@ -7,6 +7,8 @@ acts, so that the pair test of cached decoding decodes the pairs acting on a com
 """
 
 from nanoattn.config.options import ATTENTION_VARIANTS
+from nanoattn.mechanisms import REGISTRY as MECHANISMS
+from nanoattn.mechanisms import Mechanism
 from nanoattn.references.fixtures import at_test_size
 
 VARIANTS = {name: at_test_size(name) for name in ATTENTION_VARIANTS if name != "plain"}
@@ -32,10 +34,6 @@ STAGES: dict[str, frozenset[str]] = {
     "n_kv_head": frozenset({QKV, CACHE}),
     "value_embeds": frozenset({QKV}),
     "token_shift": frozenset({INPUT, CACHE}),  # the cache keeps the last embedding
-    "attn_gate": frozenset({OUTPUT}),
-    "ssmax": frozenset({SCORES}),
-    "xsa": frozenset({OUTPUT, QKV}),  # reads each token's own value
-    "attn_output_norm": frozenset({OUTPUT}),
     "kv_shift": frozenset({QKV, CACHE}),  # the cache keeps the newest raw key and value
     "canon": frozenset({INPUT, CACHE}),  # the cache keeps each layer's latest inputs
     "forget_gate": frozenset({SCORES, CACHE}),  # a decay of the scores, log gates in the cache
@@ -44,12 +42,24 @@ STAGES: dict[str, frozenset[str]] = {
     "pos": frozenset(),  # an encoding: every variant is decoded with each of several (test_generate.py)
 }
 EVERY_STAGE = frozenset({INPUT, QKV, SCORES, OUTPUT, CACHE, LOGITS})
+# A registered mechanism's stages follow from the hooks it overrides (``nanoattn.mechanisms.base``): the
+# queries and the scores act on the scores, the weights on the scores' weights, and the heads' outputs
+# on the output with each token's own value in hand.
+HOOK_STAGES = {"queries": {SCORES}, "scores": {SCORES}, "weights": {SCORES}, "heads": {OUTPUT, QKV}}
+
+
+def mechanism_stages() -> dict[str, frozenset[str]]:
+    """{field: stages} for every registered mechanism's fields, read from the hooks it overrides."""
+    return {field: frozenset().union(*(where for hook, where in HOOK_STAGES.items()
+                                       if getattr(mechanism, hook) is not getattr(Mechanism, hook)))
+            for mechanism in MECHANISMS.values() for field in mechanism.fields}
 
 
 def stages(name: str) -> frozenset[str]:
     """Where variant ``name`` acts: its fields' stages. A field not in STAGES acts everywhere, so a
     new variant is paired with every other until its field is placed."""
-    return frozenset().union(*(STAGES.get(field, EVERY_STAGE) for field in VARIANTS[name]))
+    known = {**STAGES, **mechanism_stages()}
+    return frozenset().union(*(known.get(field, EVERY_STAGE) for field in VARIANTS[name]))
 
 
 def alternatives(first: str, second: str) -> bool:

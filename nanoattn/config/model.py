@@ -15,24 +15,25 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from nanoattn.config.per_layer import cycled, per_layer
+from nanoattn.config.variants import check_attention_variants
+from nanoattn.mechanisms import REGISTRY as MECHANISMS
+from nanoattn.mechanisms import used_mechanisms
 from nanoattn.positional import REGISTRY, encodings_with
-from nanoattn.positional.rope_scaling import normalize_rope_scaling
+from nanoattn.positional.rope_scaling import normalize_rope_scaling, rope_depends_on_length
 from nanoattn.validation import (
     check_bool,
     check_choice,
-    check_non_negative_int,
     check_number,
     check_positive_int,
     fail,
     from_dict,
-    is_int,
 )
 
 NORMS = ("layernorm", "rmsnorm")
 MLPS = ("gelu", "swiglu", "relu2")
 QK_NORMS = ("none", "before_rope", "after_rope")
 ATTN_KERNELS = ("auto", "sdpa")
-ATTN_GATES = ("none", "headwise", "elementwise")
 ATTN_FNS = ("softmax", "stick_breaking", "sigmoid")  # nanoattn.model.score_functions.SCORE_FUNCTIONS
 # Fields read only by the encodings that use them; checked here for their type whatever the model's
 # pos, and by the encoding's ``check_config`` for its own rules when the model uses it.
@@ -106,6 +107,8 @@ class ModelConfig:
     ssmax: bool = False
     # Exclusive self-attention (Zhai 2026): each output minus its projection on the token's own value.
     xsa: bool = False
+    # Talking-heads attention (Shazeer et al. 2020): learned mixes of the heads' logits and of their weights.
+    talking_heads: bool = False
     # FoX Pro (Lin et al. 2025): RMSNorm of each head's output (a gain per channel) before the output gate.
     attn_output_norm: bool = False
     # FoX Pro's key/value shift: k_t = a_t k_{t-1} + (1 - a_t) k_t over the raw projections, a = sigma(x w)
@@ -153,13 +156,9 @@ class ModelConfig:
         if self.attn_sinks and self.attn_fn != "softmax":
             fail(own, "attn_fn", self.attn_fn, "cannot be combined with attn_sinks=True: a sink is one more "
                  "column of a softmax, and this function normalises nothing over the keys")
-        self._check_diff_attn()
-        self._check_mla()
-        self._check_sliding_window()
-        self._check_selective_attn()
-        self._check_value_embeds()
-        self._check_abacus()
-        self._check_output_variants()
+        for mechanism in MECHANISMS.values():
+            mechanism.check_config(self)
+        check_attention_variants(self)
         for name in ("attn_softcap", "logit_softcap"):
             value = getattr(self, name)
             if value is None:
@@ -209,100 +208,6 @@ class ModelConfig:
                 fail("model", "pos", self.pos, f"{name!r} adds positions to the embeddings, before any "
                      f"layer: it can only be the whole model's choice (pos={name})")
 
-    def _check_diff_attn(self) -> None:
-        check_bool("model", "diff_attn", self.diff_attn)
-        if not self.diff_attn:
-            return
-        for name in ("n_head", "n_kv_head"):
-            if getattr(self, name) % 2:
-                fail("model", name, getattr(self, name), "must be even with diff_attn=True: differential "
-                     "attention pairs query heads and key/value heads")
-        if self.attn_sinks:
-            fail("model", "attn_sinks", self.attn_sinks, "cannot be combined with diff_attn=True: a sink "
-                 "would join each of the two maps a head subtracts, which neither paper describes")
-        if self.attn_fn != "softmax":
-            fail("model", "attn_fn", self.attn_fn, "cannot be combined with diff_attn=True: differential "
-                 "attention subtracts two softmax maps")
-        if self.forget_gate:
-            fail("model", "forget_gate", self.forget_gate, "cannot be combined with diff_attn=True: a gate "
-                 "per query head would decay the two maps a head subtracts, which neither paper describes")
-        biased = [name for name in self.encodings if REGISTRY[name].adds_bias]
-        if biased:
-            fail("model", "diff_attn", self.diff_attn, f"needs encodings without an attention bias (the "
-                 f"paper's maps are plain softmaxes); pos={self.pos!r} adds {' and '.join(biased)}")
-
-    def _check_mla(self) -> None:
-        check_positive_int("model", "mla_rope_dim", self.mla_rope_dim)
-        if self.mla_q_rank is not None:
-            check_positive_int("model", "mla_q_rank", self.mla_q_rank)
-        if self.mla_kv_rank is None:
-            if self.mla_q_rank is not None:
-                fail("model", "mla_q_rank", self.mla_q_rank, "needs mla_kv_rank: low-rank queries are part "
-                     "of multi-head latent attention")
-            return
-        check_positive_int("model", "mla_kv_rank", self.mla_kv_rank)
-        if self.mla_rope_dim % 2:
-            fail("model", "mla_rope_dim", self.mla_rope_dim, "must be even: RoPE rotates pairs")
-        why = "with mla_kv_rank (multi-head latent attention: decoupled RoPE, MHA over the latent)"
-        fixed = (("pos", self.pos, "rope"), ("n_kv_head", self.n_kv_head, self.n_head),
-                 ("rope_scaling", self.rope_scaling, None), ("rope_fraction", self.rope_fraction, 1.0),
-                 ("rope_p", self.rope_p, 1.0), ("qk_norm", self.qk_norm, "none"),
-                 ("diff_attn", self.diff_attn, False))
-        for name, value, want in fixed:
-            if value != want:
-                fail("model", name, value, f"must be {want!r} {why}")
-
-    def _check_selective_attn(self) -> None:
-        if not self.selective_attn:
-            return
-        if self.sliding_window is not None:
-            fail("model", "selective_attn", self.selective_attn, f"cannot be combined with sliding_window="
-                 f"{self.sliding_window!r}: the paper's F sums over every earlier query of a global layer, "
-                 "and a window already drops the keys selective attention would prune")
-        if self.diff_attn:
-            fail("model", "selective_attn", self.selective_attn, "cannot be combined with diff_attn=True: "
-                 "the paper selects with one softmax head's logits, and a differential head has two maps")
-
-    def _check_value_embeds(self) -> None:
-        if not (is_int(self.value_embeds) and 0 <= 2 * self.value_embeds <= self.n_layer):
-            fail("model", "value_embeds", self.value_embeds, f"must be an integer from 0 to n_layer / 2 = "
-                 f"{self.n_layer // 2}: table i feeds layer i and layer n_layer - value_embeds + i")
-        if self.value_embeds and self.mla_kv_rank is not None:
-            fail("model", "value_embeds", self.value_embeds, "must be 0 with mla_kv_rank (latent attention's "
-                 "values come from its cached latent)")
-
-    def _check_abacus(self) -> None:
-        check_bool("model", "abacus", self.abacus)
-        check_non_negative_int("model", "abacus_max_offset", self.abacus_max_offset)
-        digits = self.abacus_digits
-        if digits is None:
-            return
-        valid = not isinstance(digits, str) and isinstance(digits, Sequence) and len(digits) == 10
-        if not (valid and len(set(digits)) == 10 and all(is_int(t) and 0 <= t < self.vocab_size
-                                                        for t in digits)):
-            fail("model", "abacus_digits", digits, "must be null or the 10 distinct token ids of the digits "
-                 f"0-9, each below vocab_size={self.vocab_size}")
-        self.abacus_digits = list(digits)  # a plain list (Hydra hands a ListConfig), as config.json stores it
-
-    def _check_output_variants(self) -> None:
-        """The gate, Scalable-Softmax, exclusive self-attention and canon layers (``model/gates.py``)."""
-        check_choice("model", "attn_gate", self.attn_gate, ATTN_GATES)
-        for name in ("ssmax", "xsa", "attn_output_norm", "kv_shift"):
-            check_bool("model", name, getattr(self, name))
-        if self.attn_output_norm and self.diff_attn:
-            fail("model", "attn_output_norm", True, "cannot be combined with diff_attn=True: a differential "
-                 "head is normalised already, over its pair of values")
-        if self.kv_shift and self.mla_kv_rank is not None:
-            fail("model", "kv_shift", True, f"cannot be combined with mla_kv_rank={self.mla_kv_rank}: it "
-                 "shifts each head's own key and value projections; latent attention's come from a latent")
-        if not (is_int(self.canon) and self.canon != 1 and 0 <= self.canon <= self.max_seq_len):
-            fail("model", "canon", self.canon, "must be 0 (off) or a convolution width from 2 (the token and "
-                 f"width - 1 before it) to max_seq_len={self.max_seq_len}: a wider one's taps never see a "
-                 "token in training")
-        if self.xsa and self.diff_attn:
-            fail("model", "xsa", self.xsa, "cannot be combined with diff_attn=True: a differential head is "
-                 "RMSNorm((A1 - lambda A2) V) over a pair of values, which neither paper excludes one from")
-
     @property
     def layer_value_embed(self) -> tuple[int | None, ...]:
         """Each layer's value-embedding table (None: none): table i feeds layer i and layer
@@ -317,20 +222,6 @@ class ModelConfig:
         """The heads each layer's attention has as seen from outside (head_mask, maps, analysis):
         n_head, or the n_head / 2 pairs of differential attention."""
         return self.n_head // 2 if self.diff_attn else self.n_head
-
-    def _check_sliding_window(self) -> None:
-        windows = self.sliding_window
-        if isinstance(windows, Sequence) and not isinstance(windows, (str, bytes)):
-            if not 1 <= len(windows) <= self.n_layer:
-                fail("model", "sliding_window", windows, f"must be null, a window or a list of 1 to "
-                     f"n_layer={self.n_layer} windows (null: a global layer) cycled over the layers")
-            self.sliding_window = windows = list(windows)  # a plain list (Hydra hands a ListConfig)
-        for window in cycled(windows):
-            if window is not None and not (is_int(window) and window > 0):
-                fail("model", "sliding_window", self.sliding_window, "each window must be a positive "
-                     "integer (tokens a query sees, itself included) or null (every earlier token)")
-        if all(window is None for window in cycled(windows)):
-            self.sliding_window = None  # [null, null] is the plain model: one spelling of it
 
     @property
     def layer_window(self) -> tuple[int | None, ...]:
@@ -362,6 +253,28 @@ class ModelConfig:
         return self.max_seq_len if any(REGISTRY[name].learned_length for name in self.encodings) else None
 
     @property
+    def positions_refusal(self) -> str | None:
+        """Why this model refuses given per-token positions, in words; None when it takes them: every
+        encoding it uses reads its positions (``takes_positions``), no mechanism it uses refuses them
+        (``Mechanism.given_positions_refusal``), and no rotation depends on the sequence length, which
+        given positions do not fix."""
+        refusing = [name for name in self.encodings if not REGISTRY[name].takes_positions]
+        if refusing:
+            return (f"pos={self.pos!r} has no use for them ({' and '.join(refusing)} reads no position); the "
+                    f"encodings that take them: {' | '.join(encodings_with('takes_positions'))}")
+        for mechanism in used_mechanisms(self).values():
+            if mechanism.given_positions_refusal is not None:
+                field = mechanism.fields[0]
+                return f"model.{field}={getattr(self, field)!r} {mechanism.given_positions_refusal}"
+        # FoX's decay counts a query's keys by the default positions (model/score_functions.py).
+        if self.forget_gate:
+            return "model.forget_gate=True counts each query's keys by its default position, 0..T-1"
+        if self.rotary and rope_depends_on_length(self.rope_scaling):
+            return (f"rope_scaling type {self.rope_scaling['type']!r} rotates by the sequence length, which "
+                    "given positions do not fix")
+        return None
+
+    @property
     def head_dim(self) -> int:
         return self.d_model // self.n_head
 
@@ -382,13 +295,3 @@ class ModelConfig:
         return from_dict(cls, values, owner="model")
 
 
-
-def cycled(value: Any) -> list[Any]:
-    """The values a per-layer field cycles over: a single value, or its list."""
-    return [value] if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) else list(value)
-
-
-def per_layer(value: Any, n_layer: int) -> tuple[Any, ...]:
-    """One value per layer: a single value repeated, or a list cycled ([a, b] -> a, b, a, b, ...)."""
-    values = cycled(value)
-    return tuple(values[i % len(values)] for i in range(n_layer))

@@ -79,6 +79,7 @@ ATTENTION_VARIANTS: dict[str, Fields] = {
     "gate": dict(attn_gate="elementwise"),  # Qiu et al. 2025 (G1), Qwen3-Next: sigmoid gates on the heads
     "ssmax": dict(ssmax=True),  # Nakanishi 2025: logits times a learned s_h log(keys seen)
     "xsa": dict(xsa=True),  # Zhai 2026: each output minus its projection on the token's own value
+    "talking_heads": dict(talking_heads=True),  # Shazeer et al. 2020: the heads' logits and weights mixed
     # Allen-Zhu 2025 at placement A only (a width-4 causal depthwise convolution with a residual on each
     # attention's input); the paper's placements B-D, inside attention and around the MLP, are left out.
     "canon": dict(canon=4),

@@ -14,7 +14,6 @@ from typing import Any
 
 from nanoattn.config.model import ModelConfig
 from nanoattn.config.task import TaskConfig
-from nanoattn.positional import positions_refusal
 from nanoattn.runtime import DEVICES, check_compile_choice
 from nanoattn.validation import (
     as_float,
@@ -317,7 +316,7 @@ class RunConfig:
         length = self.train.random_positions
         if length is None:
             return
-        refusal = positions_refusal(self.model)
+        refusal = self.model.positions_refusal
         if refusal is not None:
             fail("train", "random_positions", length, f"needs encodings that take given positions: {refusal}")
         if self.task.position_coupling:
@@ -334,7 +333,7 @@ class RunConfig:
     def _check_coupling(self) -> None:
         if not self.task.position_coupling:
             return
-        refusal = positions_refusal(self.model)
+        refusal = self.model.positions_refusal
         if refusal is not None:
             fail("task", "position_coupling", True, f"needs encodings that take given positions: {refusal}")
         limit = self.model.length_limit

@@ -5,10 +5,9 @@ map: how far an output gate closes a head, what exclusive self-attention takes o
 how many keys selective attention has masked for good. These are read off the variant's own
 pieces, for the variants the model uses.
 
-- ``variant_statistics`` reads forward hooks on the variant's pieces (``model/gates.py``) during
-  the fast path, or its parameters: the output gate's mean value per head and the share of heads
-  it keeps near 0, Scalable-Softmax's learned s and its factor at the windows' length, the share
-  of each head's output that exclusive self-attention removes, the canon taps by distance.
+- ``variant_statistics`` asks each mechanism the model uses for its ``statistic``
+  (``nanoattn.mechanisms``), recording its hooks during the fast path where it needs them, and
+  reads the canon taps by distance.
 - Selective attention masks keys for a whole layer, so its statistic is the layer's
   (``selective_pruning``), read off a KV cache that prunes at ``SELECTIVE_PRUNE_F``: the fraction
   of a window's tokens the last query no longer sees, the K/V bytes that frees, and the mean share
@@ -26,11 +25,11 @@ from typing import Any
 import torch
 
 from nanoattn.eval.heads import FIRST_QUERY, Batch, check_batches, head_statistics
+from nanoattn.mechanisms import REGISTRY as MECHANISMS
+from nanoattn.mechanisms import used_mechanisms
 from nanoattn.model import GPT, KVCache
 from nanoattn.validation import fail
 
-# attn_gate: a head whose gate averages below this is counted as switched off (its output mostly 0).
-GATE_NEAR_ZERO = 0.1
 # Selective attention: a key counts as masked once its F passes ln 100, when F has cut its unnormalised
 # weight to a hundredth; the paper tunes memory budgets per layer instead.
 SELECTIVE_PRUNE_F = math.log(100.0)
@@ -41,65 +40,26 @@ def variant_statistics(model: GPT, batches: Sequence[Batch]) -> dict[str, dict[s
     """The own statistic of each variant the model uses, by name ({} for none); per head and layer
     as lists [n_layer][heads], averaged like ``head_statistics`` over queries ``FIRST_QUERY``..
 
-    - ``attn_gate``: ``mean_gate`` (each head's gate averaged over its channels), its ``mean`` and
-      ``near_zero``, the fraction of heads whose mean gate is below ``GATE_NEAR_ZERO``;
-    - ``ssmax``: the learned ``s`` per query head and ``factor``, s log n at the windows' last query;
-    - ``xsa``: ``removed`` per query head, cos^2 between each output y_i and the token's value v_i:
-      the share of |y_i|^2 that the exclusion takes out; and its ``mean``;
+    - each mechanism of ``nanoattn.mechanisms`` the model uses: its ``statistic`` (its module says
+      what it holds), over forward passes of ``batches`` recorded by its hooks where it ``observes``;
     - ``canon``: ``taps``, the mean |weight| per layer at distance 0 (the token), 1, ... back;
     - ``selective_attn``: ``selective_pruning`` at ``SELECTIVE_PRUNE_F``.
     """
     check_batches(batches)
     cfg, seq_len = model.cfg, batches[0][0].shape[1]
-    attentions = [block.attn for block in model.blocks]
-    sums = {"gate": torch.zeros(cfg.n_layer, cfg.attention_heads, dtype=torch.float64),
-            "removed": torch.zeros(cfg.n_layer, cfg.n_head, dtype=torch.float64)}
-    q = slice(FIRST_QUERY, None)
-
-    def gate_hook(layer: int):
-        def hook(module, args, logits):  # logits [B, T, heads or heads * Dv]
-            B, T, _ = logits.shape
-            gates = torch.sigmoid(logits.float()).view(B, T, cfg.attention_heads, -1).mean(-1)  # [B, T, H]
-            sums["gate"][layer] += gates[:, q].sum((0, 1)).double().cpu()
-        return hook
-
-    def removed_hook(layer: int):
-        def hook(module, args, out):
-            y, v = (t.float() for t in args)  # [B, H, T, Dv], [B, Hkv, T, Dv]
-            B, H, T, Dv = y.shape
-            grouped = y.reshape(B, v.shape[1], -1, T, Dv)
-            along = (grouped * torch.nn.functional.normalize(v, dim=-1)[:, :, None]).sum(-1)  # [B, Hkv, G, T]
-            share = (along.square() / grouped.square().sum(-1).clamp(min=1e-30)).reshape(B, H, T)
-            sums["removed"][layer] += share[..., q].sum((0, 2)).double().cpu()
-        return hook
-
-    hooks = []
-    for layer, attn in enumerate(attentions):
-        if attn.output_gate is not None:
-            hooks.append(attn.output_gate.proj.register_forward_hook(gate_hook(layer)))
-        if attn.exclude_self is not None:
-            hooks.append(attn.exclude_self.register_forward_hook(removed_hook(layer)))
-    queries = 0
+    used = {name: [getattr(block.attn, mechanism.attribute) for block in model.blocks]
+            for name, mechanism in used_mechanisms(cfg).items()}
+    observing = [layer for name, layers in used.items() if MECHANISMS[name].observes for layer in layers]
+    for layer in observing:
+        layer.record(FIRST_QUERY)
     try:
-        for x, _ in batches if hooks else ():
+        for x, _ in batches if observing else ():
             model.hidden_states(x)
-            queries += x.shape[0] * (x.shape[1] - FIRST_QUERY)
+        stats = {name: MECHANISMS[name].statistic(layers, seq_len) for name, layers in used.items()}
     finally:
-        for handle in hooks:
-            handle.remove()
-    stats: dict[str, dict[str, Any]] = {}
-    if cfg.attn_gate != "none":
-        gate = sums["gate"] / queries
-        stats["attn_gate"] = {"mean_gate": gate.tolist(), "mean": float(gate.mean()),
-                              "near_zero": float((gate < GATE_NEAR_ZERO).double().mean())}
-    if cfg.ssmax:
-        last = torch.tensor([seq_len - 1], device=batches[0][0].device)
-        stats["ssmax"] = {"s": [attn.ssmax.s.tolist() for attn in attentions],
-                          "factor": [(attn.ssmax.s * attn.ssmax.keys_seen(last).float().log()).tolist()
-                                     for attn in attentions]}
-    if cfg.xsa:
-        removed = sums["removed"] / queries
-        stats["xsa"] = {"removed": removed.tolist(), "mean": float(removed.mean())}
+        for layer in observing:
+            layer.record(None)
+    stats = {name: stat for name, stat in stats.items() if stat is not None}
     if cfg.canon:
         stats["canon"] = {"taps": [block.canon.weight.abs().mean(0).flip(0).tolist()
                                    for block in model.blocks]}
@@ -112,23 +72,22 @@ def own_statistic(model: GPT, batches: Sequence[Batch]) -> tuple[str, float] | N
     """The one number that says what the model's attention variant does, and its name, picked by the
     piece the model has (None: no piece of its own). A lab's table shows it beside the row's price.
 
-    - ``attn_gate``: the mean gate; ``xsa``: the mean share removed; ``selective_attn``: the pruned
-      fraction (``selective_pruning``); ``ssmax``: the mean factor s log n at the windows' length;
-      ``canon``: the share of the taps' |weight| on the tokens before (1 - the token's own tap's);
+    - the first mechanism the model uses that has one (``Mechanism.headline``: the output gate's mean,
+      exclusive self-attention's mean share removed, Scalable-Softmax's mean s log n...);
+    - ``selective_attn``: the pruned fraction (``selective_pruning``); ``canon``: the share of the
+      taps' |weight| on the tokens before (1 - the token's own tap's);
     - from the attention maps (``head_statistics``), the mean over heads of: ``forget_gate``'s
       ``forget_span`` in tokens; stick-breaking's ``sink_mass``, the mass no key took; sigmoid's
       ``weight_sum``; ``attn_sinks``' ``sink_mass``, the mass the sink took.
     """
     cfg = model.cfg
     variants = variant_statistics(model, batches)
-    if "attn_gate" in variants:
-        return "mean gate", variants["attn_gate"]["mean"]
-    if "xsa" in variants:
-        return "share removed", variants["xsa"]["mean"]
+    for name in used_mechanisms(cfg):
+        headline = MECHANISMS[name].headline(variants[name]) if name in variants else None
+        if headline is not None:
+            return headline
     if "selective_attn" in variants:
         return "pruned fraction", variants["selective_attn"]["mean"]
-    if "ssmax" in variants:
-        return "s log n", float(torch.tensor(variants["ssmax"]["factor"]).mean())
     if "canon" in variants:
         taps = torch.tensor(variants["canon"]["taps"])  # [n_layer, width], distance 0 first
         return "tap share before", float((1 - taps[:, 0] / taps.sum(-1)).mean())

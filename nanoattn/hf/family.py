@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from nanoattn.config import ModelConfig
-from nanoattn.validation import is_int
+from nanoattn.mechanisms import mechanism_fields
+from nanoattn.validation import declared_defaults, is_int
 
 
 @dataclass(frozen=True)
@@ -69,12 +70,20 @@ def required(hf: Mapping[str, Any], key: str, where: str) -> int:
     return hf[key]
 
 
-# The attention variants most formats cannot compute: every family's ``needs`` but where it maps one
-# (Qwen 3: QK-norm before RoPE; Ministral: sliding windows).
+# The attention variants outside ``nanoattn.mechanisms`` that most formats cannot compute: every family's
+# ``needs`` but where it maps one (Qwen 3: QK-norm before RoPE; Ministral: sliding windows).
 PLAIN_ATTENTION = {"qk_norm": "none", "attn_sinks": False, "attn_softcap": None, "logit_softcap": None,
                    "sliding_window": None, "diff_attn": False, "mla_kv_rank": None, "value_embeds": 0,
-                   "token_shift": False, "attn_gate": "none", "ssmax": False, "xsa": False, "canon": 0,
-                   "attn_fn": "softmax", "forget_gate": False, "selective_attn": False, "abacus": False}
+                   "token_shift": False, "canon": 0, "attn_fn": "softmax", "forget_gate": False,
+                   "selective_attn": False, "abacus": False, "kv_shift": False}
+
+
+def plain_mechanisms() -> dict[str, Any]:
+    """Every registered mechanism's fields at the plain model's values (their declared defaults): what
+    a format fixes unless its ``needs`` maps the mechanism (Qwen3-Next: the output gate). Read when
+    asked, so a mechanism registered at run time is refused on export too."""
+    defaults = declared_defaults(ModelConfig)
+    return {field: defaults[field] for field in mechanism_fields()}
 
 
 def shortest_cycle(values: list[Any]) -> Any:

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from nanoattn.config import ModelConfig
-from nanoattn.hf.family import Family
+from nanoattn.hf.family import Family, plain_mechanisms
 from nanoattn.hf.gpt2 import GPT2
 from nanoattn.hf.llama import LLAMA
 from nanoattn.hf.llama4 import LLAMA4
@@ -39,7 +39,7 @@ def family_for(cfg: ModelConfig) -> Family:
     """The format ``cfg`` exports as, or a one-line refusal naming the field with no counterpart."""
     for family in FAMILIES:
         if family.selects(cfg):
-            for field, want in family.needs.items():
+            for field, want in {**plain_mechanisms(), **family.needs}.items():
                 if getattr(cfg, field) != want:
                     raise family.refuse(field, getattr(cfg, field), f"which needs {field}={want!r}")
             return family

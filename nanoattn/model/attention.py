@@ -44,9 +44,11 @@ Design:
 - Value embeddings (modded-nanogpt): a layer given a token table's rows (``GPT`` looks them up)
   mixes them into its new values, v = a v + b e[token] with learned (a, b), before the cache
   stores them, so cached decoding stays exact.
-- Around the softmax (``gates.py``), for every attention: Scalable-Softmax scales the queries,
-  exclusive self-attention takes each output's projection on its token's own value out, and the
-  output gate multiplies the heads, in that order, before ``head_mask`` and W_O.
+- The mechanisms of ``nanoattn.mechanisms`` (Scalable-Softmax, talking heads, exclusive
+  self-attention, the output norm and gate...) are asked what they do, never named: each layer
+  builds the ones its config uses and calls their hooks in registry order, on the queries after the
+  encoding, on the scores and on the weights (those with ``sdpa_computes`` False, which take the
+  explicit computation in query chunks), and on the heads' outputs before ``head_mask`` and W_O.
 - The positional encoding is the layer's own (``GPT`` hands it ``pos.for_layer(layer)``) and is
   asked for what it does (``rotate``, ``scale_queries``, ``scale_keys``, ``bias``); this module
   never branches on its name. Selective attention's F is an additive bias that stands in for the
@@ -64,15 +66,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nanoattn.model.cache import KVCache, StreamingCache
-from nanoattn.model.gates import ExcludeSelf, KVShift, OutputGate, OutputNorm, QKNorm, ScalableSoftmax
-from nanoattn.model.kernels import (
+from nanoattn.kernels import (
     Linear,
     bf16_matmuls_faster,
     causal_query_blocks,
     grouped_scores,
     grouped_values,
 )
+from nanoattn.mechanisms import used_mechanisms
+from nanoattn.model.cache import KVCache, StreamingCache
+from nanoattn.model.gates import KVShift, QKNorm
 from nanoattn.model.layers import dropout
 from nanoattn.model.routes import choose_route, query_chunks
 from nanoattn.model.score_functions import SCORE_FUNCTIONS, ForgetGate
@@ -115,18 +118,21 @@ class CausalAttention(nn.Module, abc.ABC):
         self.sinks = nn.Parameter(torch.zeros(cfg.n_head)) if cfg.attn_sinks else None
         self.score_fn = SCORE_FUNCTIONS[cfg.attn_fn](cfg)  # scores -> weights
         self.forget_gate = ForgetGate(cfg) if cfg.forget_gate else None
-        # SDPA computes none of these: a cap, a sink column, weights other than a softmax.
-        self.explicit = self.score_cap is not None or self.sinks is not None or not self.score_fn.sdpa
+        # Each under the attribute it declares (its checkpoint names); hooks run in registry order.
+        self.mechanisms = [mechanism(cfg, layer) for mechanism in used_mechanisms(cfg).values()]
+        for mechanism in self.mechanisms:
+            self.add_module(mechanism.attribute, mechanism)
+        self.score_hooks = [m for m in self.mechanisms if not m.sdpa_computes]
+        # SDPA computes none of these: a cap, a sink column, weights other than a softmax, a mechanism's
+        # change to the scores or the weights.
+        self.explicit = (self.score_cap is not None or self.sinks is not None or not self.score_fn.sdpa
+                         or bool(self.score_hooks))
         self.window = cfg.layer_window[layer]  # None: every earlier key
         self.kernel = cfg.attn_kernel
         self.selective = cfg.selective_attn
         # When a tensor (GPT.max_attention_logit sets it), attention runs explicitly in query chunks
         # and keeps the largest |q.k| / sqrt(d) of a visible key here, before any cap.
         self.largest_logit: torch.Tensor | None = None
-        self.ssmax = ScalableSoftmax(cfg, self.window) if cfg.ssmax else None
-        self.exclude_self = ExcludeSelf() if cfg.xsa else None
-        self.output_norm = OutputNorm(cfg) if cfg.attn_output_norm else None
-        self.output_gate = OutputGate(cfg) if cfg.attn_gate != "none" else None
 
     def forward(
         self,
@@ -147,19 +153,15 @@ class CausalAttention(nn.Module, abc.ABC):
         Also returns the attention weights [B, heads, T, T_k] when ``return_weights`` (slow path).
         """
         q, k, v, k_positions = self._qkv(x, pos, positions, seq_len, cache, layer, value_embed)
-        if self.ssmax is not None:
-            q = self.ssmax(q, positions)
+        for mechanism in self.mechanisms:
+            q = mechanism.queries(q, positions)
         if self.forget_gate is not None:  # the gates' decay joins the encoding's bias
             pos = self.forget_gate(x, pos, k_positions, cache, layer)
         if self.selective:  # F joins the encoding's bias (selective.py)
             pos = SelectiveBias.start(pos, q, k, lambda s: softcap(s, self.score_cap), cache, layer)
         y, weights = self.attend_heads(q, k, v, positions, k_positions, pos, layer, return_weights)
-        if self.exclude_self is not None:
-            y = self.exclude_self(y, v[:, :, -x.shape[1]:])  # the new tokens' own values, the newest
-        if self.output_norm is not None:
-            y = self.output_norm(y)
-        if self.output_gate is not None:
-            y = self.output_gate(x, y)
+        for mechanism in self.mechanisms:
+            y = mechanism.heads(x, y, v[:, :, -x.shape[1]:])  # the new tokens' own values, the newest
         return self._project(y, head_mask), weights
 
     @abc.abstractmethod
@@ -252,7 +254,8 @@ class CausalAttention(nn.Module, abc.ABC):
         return bias.masked_fill(~allowed, float("-inf")).to(dtype)
 
     def _attend_explicit(self, q, k, v, mask, dtype=torch.float32):
-        """score_fn(softcap(q.k / sqrt(D)) + mask) @ v with the scores in ``dtype``, returning the
+        """score_fn(softcap(q.k / sqrt(D)) + mask) @ v with the scores in ``dtype``, the mechanisms'
+        ``scores`` hooks before the mask and ``weights`` hooks after the score function, returning the
         weights [B, H, Tq, Tk] as well.
 
         The products are grouped by K/V head (``kernels.grouped_scores``), so K/V are never repeated.
@@ -266,12 +269,16 @@ class CausalAttention(nn.Module, abc.ABC):
             largest = scores.abs().masked_fill(~visible, 0).amax()
             self.largest_logit = torch.maximum(self.largest_logit, largest)
         scores = softcap(scores, self.score_cap)
+        for mechanism in self.score_hooks:
+            scores = mechanism.scores(scores)
         scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
         if self.sinks is None:
             weights = self.score_fn(scores)
         else:
             sinks = self.sinks.to(scores.dtype).view(1, H, 1, 1).expand(B, H, Tq, 1)
             weights = torch.softmax(torch.cat([scores, sinks], dim=-1), dim=-1)[..., :-1]
+        for mechanism in self.score_hooks:
+            weights = mechanism.weights(weights)
         kept = dropout(weights, self.dropout, self.training).to(v.dtype)
         return grouped_values(kept, v), weights
 

@@ -3,7 +3,7 @@
 Where position enters is the positional encoding's business (see ``positional/base.py``);
 this file only hands it explicit positions: 0..T-1 (after what a cache holds) unless the caller
 gives each token its own, ``positions`` [B, T], which an encoding that cannot take them refuses
-(``positions_refusal``). Initialisation follows GPT-2: N(0, init_std)
+(``ModelConfig.positions_refusal``). Initialisation follows GPT-2: N(0, init_std)
 for weights, zero biases, and residual output projections scaled by 1/sqrt(2 * n_layer)
 so the residual stream's variance does not grow with depth.
 """
@@ -17,14 +17,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from nanoattn.config import ModelConfig
+from nanoattn.kernels import Linear
 from nanoattn.model.abacus import Abacus
 from nanoattn.model.attention import Attention, softcap
 from nanoattn.model.cache import KVCache, StreamingCache
 from nanoattn.model.gates import Canon
-from nanoattn.model.kernels import Linear
 from nanoattn.model.latent import LatentAttention
 from nanoattn.model.layers import dropout, make_mlp, make_norm
-from nanoattn.positional import build_positional, positions_refusal
+from nanoattn.positional import build_positional
 
 # Largest float32 logits block [rows, vocab_size] that GPT.loss builds at once without autograd.
 LOSS_CHUNK_ELEMENTS = 1 << 22
@@ -68,7 +68,7 @@ class GPT(nn.Module):
                                        for _ in range(cfg.value_embeds))
         self.pos = build_positional(cfg)
         self.abacus = Abacus(cfg) if cfg.abacus else None  # McLeish et al.'s digit indices, beside any pos
-        self.positions_refusal = positions_refusal(cfg)  # why given positions are refused; None: taken
+        self.positions_refusal = cfg.positions_refusal  # why given positions are refused; None: taken
         self.blocks = nn.ModuleList(Block(cfg, layer) for layer in range(cfg.n_layer))
         self.norm = make_norm(cfg)
         self.lm_head = Linear(cfg.d_model, cfg.vocab_size, bias=False)

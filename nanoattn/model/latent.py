@@ -20,8 +20,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from nanoattn.kernels import Linear
 from nanoattn.model.attention import CausalAttention, key_positions
-from nanoattn.model.kernels import Linear
 from nanoattn.positional.rope import RotaryPositionalEncoding
 
 

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nanoattn.model.kernels import Linear
+from nanoattn.kernels import Linear
 
 
 def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:

@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NamedTuple
 
-from nanoattn.model.kernels import CAUSAL_QUERY_BLOCK
+from nanoattn.kernels import CAUSAL_QUERY_BLOCK
 
 ROUTES = ("sdpa_causal", "bf16_blocks", "sdpa_one_token", "chunked_sdpa", "chunked_explicit")
 # Largest mask/bias chunk, in elements of [B, n_head, chunk, T_k], built at once on a chunked route.

@@ -10,7 +10,6 @@ from nanoattn.positional.learned import LearnedPositionalEncoding
 from nanoattn.positional.nope import NoPositionalEncoding
 from nanoattn.positional.pope import PolarPositionalEncoding
 from nanoattn.positional.rope import RotaryPositionalEncoding
-from nanoattn.positional.rope_scaling import rope_depends_on_length
 from nanoattn.positional.sinusoidal import (
     ScaledSinusoidalPositionalEncoding,
     SinusoidalPositionalEncoding,
@@ -42,25 +41,6 @@ def encodings_with(capability: str) -> tuple[str, ...]:
     return tuple(name for name, encoding in REGISTRY.items() if getattr(encoding, capability))
 
 
-def positions_refusal(cfg) -> str | None:
-    """Why a model of ``cfg`` (a ModelConfig) refuses given per-token positions, in words; None when it
-    takes them: every encoding it uses reads its positions (``takes_positions``), and no rotation
-    depends on the sequence length, which given positions do not fix."""
-    refusing = [name for name in cfg.encodings if not REGISTRY[name].takes_positions]
-    if refusing:
-        return (f"pos={cfg.pos!r} has no use for them ({' and '.join(refusing)} reads no position); the "
-                f"encodings that take them: {' | '.join(encodings_with('takes_positions'))}")
-    # Scalable-Softmax's log n and FoX's decay count a query's keys by the default positions
-    # (model/gates.py, model/score_functions.py).
-    counting = [name for name in ("ssmax", "forget_gate") if getattr(cfg, name)]
-    if counting:
-        return f"model.{counting[0]}=True counts each query's keys by its default position, 0..T-1"
-    if cfg.rotary and rope_depends_on_length(cfg.rope_scaling):
-        return (f"rope_scaling type {cfg.rope_scaling['type']!r} rotates by the sequence length, which given "
-                "positions do not fix")
-    return None
-
-
 def build_positional(cfg) -> PositionalEncoding:
     """The model's encoding: the one named by ``cfg.pos``, or a ``LayerLayout`` when it is a list."""
     if isinstance(cfg.pos, str):
@@ -69,4 +49,4 @@ def build_positional(cfg) -> PositionalEncoding:
 
 
 __all__ = ["REGISTRY", "LayerLayout", "PositionalEncoding", "alibi_slopes", "build_positional",
-           "encodings_with", "positions_refusal", "sinusoidal_table"]
+           "encodings_with", "sinusoidal_table"]

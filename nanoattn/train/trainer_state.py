@@ -3,7 +3,7 @@
 Beside the weights, an exact resume needs what else decides the next step's numbers: the optimizer's
 moments, the step (which fixes the batches and the rate), the open log window, every rank's RNG
 streams, and the choices that change rounding, namely the thread count (kernels split their sums by
-it) and the kernels measured on the machine (``nanoattn.model.kernels``). Those kernel choices are
+it) and the kernels measured on the machine (``nanoattn.kernels``). Those kernel choices are
 taken back before the first step, so a kernel cache changed or deleted between the kill and the
 resume cannot change a resumed run; a thread count that changed is announced, since it cannot be
 taken back.
@@ -19,7 +19,7 @@ import torch
 
 from nanoattn.checkpoint import CheckpointError, read_checkpoint_config
 from nanoattn.config import TrainConfig
-from nanoattn.model.kernels import kernel_choices, take_kernel_choices
+from nanoattn.kernels import kernel_choices, take_kernel_choices
 from nanoattn.train import distributed
 
 REQUIRED = ("step", "optimizer", "rng", "window", "world_size")  # what a resumable state holds

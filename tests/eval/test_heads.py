@@ -48,7 +48,8 @@ from nanoattn.eval.heads import (
 )
 from nanoattn.eval.plots import plot_attention_grid, plot_attention_head
 from nanoattn.eval.runs import load_for_eval, run_data_dir
-from nanoattn.eval.variant_heads import GATE_NEAR_ZERO, own_statistic, variant_statistics
+from nanoattn.eval.variant_heads import own_statistic, variant_statistics
+from nanoattn.mechanisms.output_gate import GATE_NEAR_ZERO
 from nanoattn.model import routes
 from nanoattn.positional import REGISTRY
 from nanoattn.validation import from_dict

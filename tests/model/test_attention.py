@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from nanoattn import GPT, KVCache, ModelConfig
-from nanoattn.model import Attention, kernels, routes
+from nanoattn import GPT, KVCache, ModelConfig, kernels
+from nanoattn.model import Attention, routes
 from nanoattn.model import attention as attention_module
 from nanoattn.positional import REGISTRY, build_positional
 

@@ -1,5 +1,5 @@
-"""The pieces around the softmax (``nanoattn/model/gates.py``): output gates, Scalable-Softmax,
-exclusive self-attention and canon layers.
+"""The pieces of ``nanoattn/model/gates.py`` (canon layers, token shift), beside the mechanisms of
+``nanoattn/mechanisms`` (output gates, Scalable-Softmax, exclusive self-attention: tests/mechanisms).
 
 Each against its paper's equation written out in float64 and a reference implementation
 (transformers' Qwen3-Next attention and x-transformers' gated values for the gate, the canon
@@ -9,33 +9,16 @@ case, SDPA's kernel kept, bad settings. Cached decoding, head analysis and learn
 registry's rows in the generic tests (tests/variants.py).
 """
 
-import math
 
 import pytest
 import torch
 
 from nanoattn import GPT, ModelConfig, generate
-from nanoattn.model import Attention
 from nanoattn.model import attention as attention_module
 from nanoattn.model.gates import Canon
 from nanoattn.model.gpt import shift_tokens
 
 T = 12  # tokens
-
-
-# --- output gate and Scalable-Softmax ---------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(("mode", "width"), [("headwise", 4), ("elementwise", 32)])
-def test_the_gate_has_one_score_per_head_or_per_channel(mode, width):
-    attn = Attention(ModelConfig(d_model=32, n_head=4, n_kv_head=2, attn_gate=mode))
-    assert attn.output_gate.proj.weight.shape == (width, 32)
-
-
-def test_ssmax_starts_as_the_plain_softmax_at_the_training_length():
-    """s = 1 / log(max_seq_len): s log n = 1 when a query sees max_seq_len keys."""
-    attn = Attention(ModelConfig(d_model=32, n_head=4, ssmax=True, max_seq_len=16))
-    assert torch.allclose(attn.ssmax.s, torch.full((4,), 1 / math.log(16)))
 
 
 # --- canon layers -----------------------------------------------------------------------------------------

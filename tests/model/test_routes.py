@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from nanoattn.kernels import CAUSAL_QUERY_BLOCK
 from nanoattn.model import routes
-from nanoattn.model.kernels import CAUSAL_QUERY_BLOCK
 
 
 @pytest.mark.parametrize("fused, explicit, queries, keys, faster, expected", [

@@ -13,7 +13,7 @@ import torch
 
 from nanoattn import GPT, ModelConfig, load_checkpoint
 from nanoattn.checkpoint import save_checkpoint
-from nanoattn.config.model import per_layer
+from nanoattn.config.per_layer import per_layer
 from nanoattn.positional import LayerLayout
 from nanoattn.positional.nope import NoPositionalEncoding, query_temperature
 from nanoattn.positional.rope import RotaryPositionalEncoding

@@ -14,13 +14,12 @@ import yaml
 from safetensors.torch import load_file
 
 import nanoattn.train.step as step
-from nanoattn import load_checkpoint
+from nanoattn import kernels, load_checkpoint
 from nanoattn.checkpoint import CheckpointError, load_trainer_state, read_checkpoint_config
 from nanoattn.config import RunConfig, TrainConfig
 from nanoattn.config.options import RECIPES
 from nanoattn.data import TokenData, bits_per_byte, data_dir
 from nanoattn.logging import read_metrics
-from nanoattn.model import kernels
 from nanoattn.train import TrainingDiverged, train
 
 

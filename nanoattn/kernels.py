@@ -122,9 +122,10 @@ def grouped_scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
 
 
 def grouped_values(weights: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """weights [B, H, Tq, Tk] @ v [B, Hkv, Tk, Dv] -> [B, H, Tq, Dv], grouped as ``grouped_scores``."""
+    """weights [B, H, Tq, Tk] @ v [B, Hkv, Tk, Dv] -> [B, H, Tq, Dv], grouped as ``grouped_scores``
+    (weights in any layout: a mechanism may hand them over mixed across heads)."""
     B, H, Tq, Tk = weights.shape
-    return (weights.view(B, v.shape[1], -1, Tk) @ v).view(B, H, Tq, v.shape[-1])
+    return (weights.reshape(B, v.shape[1], -1, Tk) @ v).view(B, H, Tq, v.shape[-1])
 
 
 # Causal attention as bf16 matmuls takes its queries in blocks of this many, each scored against only

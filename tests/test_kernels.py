@@ -1,4 +1,4 @@
-"""Kernels chosen by measurement (``nanoattn.model.kernels``).
+"""Kernels chosen by measurement (``nanoattn.kernels``).
 
 What is asserted:
 
@@ -29,9 +29,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from nanoattn import GPT, KVCache, ModelConfig
-from nanoattn.model import kernels
-from nanoattn.model.kernels import (
+from nanoattn import GPT, KVCache, ModelConfig, kernels
+from nanoattn.kernels import (
     CAUSAL_QUERY_BLOCK,
     MEASURED_ROWS,
     Linear,
@@ -122,7 +121,7 @@ def test_an_unreadable_file_or_an_entry_naming_no_kernel_is_measured_again_with_
 # Each process chooses a kernel for 30 shapes of its own, as fast as it can.
 CHOOSE_MANY = """
 import sys
-from nanoattn.model.kernels import fastest_kernel
+from nanoattn.kernels import fastest_kernel
 for shape in range(30):
     fastest_kernel("op", f"{sys.argv[1]} {shape}", {"a": lambda: None, "b": lambda: None}, repeats=1)
 """
