@@ -1,12 +1,16 @@
-"""The README's encoding recipe as written: its file, its import line and its registry line make an
-encoding that configs accept and that the generic checks pass (cached decoding equal to recomputation,
-the chunked bias equal to the explicit path). Pasted into a clone, it passes the whole suite: the
-checks of hand-written pages report it as not yet covered (tests/coverage.py)."""
+"""The README's recipes as written. The encoding's file, import line and registry line make an encoding
+that configs accept and that the generic checks pass (cached decoding equal to recomputation, the chunked
+bias equal to the explicit path). The mechanism's file, lines and field, written into a copy of the
+package, pass the generic tests there. Pasted into a clone, each passes the whole suite: the checks of
+hand-written pages report it as not yet covered (tests/coverage.py)."""
 
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -77,3 +81,74 @@ def test_the_recipes_chunked_bias_equals_the_explicit_path(registered, monkeypat
     fast = attn.attend_heads(q, k, v, positions, positions, pe, 0)[0]
     slow, _ = attn.attend_heads(q, k, v, positions, positions, pe, 0, return_weights=True)
     torch.testing.assert_close(fast, slow, atol=1e-5, rtol=1e-5)
+
+
+# --- the mechanism recipe -----------------------------------------------------------------------------
+
+REPO = Path(__file__).resolve().parents[1]
+# The generic tests a registered mechanism meets through its lab row, run on the recipe's mechanism alone.
+GENERIC = {
+    "tests/mechanisms/test_registry.py": ("test_its_fields_are_config_fields_off_by_default",
+                                          "test_a_bad_value_is_a_one_line_error_naming_the_field",
+                                          "test_the_bare_reference_and_a_plain_export_refuse_it_in_one_line",
+                                          "test_sdpa_serves_it_exactly_when_it_says_so",
+                                          "test_cached_decoding_is_exact_with_each_kv_layout"),
+    "tests/test_generate.py": ("test_cached_decoding_with_attention_variants",
+                               "test_every_pair_of_variants_builds_or_is_refused_in_one_line"),
+    "tests/model/test_attention_variants.py": ("test_a_variant_model_learns_and_its_maps_are_distributions",),
+    "tests/eval/test_heads.py": ("test_attention_maps_of_the_variants_equal_their_fast_path",),
+}
+
+
+def mechanism_recipe() -> dict[str, str]:
+    """The README's mechanism recipe: its file's path and code, and the lines it adds to the registry's
+    module, to ModelConfig and to ATTENTION_VARIANTS."""
+    block = re.search(r"```python\n# (nanoattn/mechanisms/\w+\.py)\n(.*?)```", README, re.DOTALL)
+    path, code = block.groups()
+    sentence = README.split(code + "```\n\n", 1)[1].split("\n\n", 1)[0].replace("\n", " ")
+    lines = re.findall(r"`([^`]+)`", sentence)
+    return dict(path=path, code=code, name=re.search(r'"(\w+)": \w+,', sentence).group(1),
+                import_line=next(line for line in lines if line.startswith("from ")),
+                registry_line=next(line for line in lines if re.fullmatch(r'"\w+": [A-Z]\w+,', line)),
+                field_line=next(line for line in lines if re.fullmatch(r"\w+: \w+ = .+", line)),
+                row_line=next(line for line in lines if re.fullmatch(r'"\w+": dict\(.*\),', line)))
+
+
+def insert_before(text: str, anchor: str, line: str) -> str:
+    """``text`` with ``line`` inserted before the first line from ``anchor`` on that closes a block."""
+    start = text.index(anchor)
+    close = text.index("\n}\n", start)
+    return text[:close] + f"\n    {line}" + text[close:]
+
+
+def test_the_mechanism_recipe_pasted_into_a_copy_passes_the_generic_tests(tmp_path):
+    """The recipe as a user follows it: its file, its import and registry line, its ModelConfig field
+    and its ATTENTION_VARIANTS row, written into a copy of the package; the generic tests, run on that
+    copy in a process of their own, pass for it: config checks and one-line refusals, SDPA kept,
+    cached decoding past the training length with MHA, GQA and MQA, every pair built or refused,
+    learning, and head analysis's maps equal to the fast path."""
+    recipe = mechanism_recipe()
+    copy = tmp_path / "repo"
+    for folder in ("nanoattn", "tests", "scripts", "configs"):
+        shutil.copytree(REPO / folder, copy / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO / "pyproject.toml", copy)
+    (copy / recipe["path"]).write_text(recipe["code"])
+    registry = copy / "nanoattn/mechanisms/__init__.py"
+    text = registry.read_text().replace("\n\nREGISTRY", f"\n{recipe['import_line']}\n\nREGISTRY", 1)
+    registry.write_text(insert_before(text, "REGISTRY: dict", recipe["registry_line"]))
+    config = copy / "nanoattn/config/model.py"
+    config.write_text(config.read_text().replace("\n    def __post_init__", f"    {recipe['field_line']}\n"
+                                                 "\n    def __post_init__", 1))
+    options = copy / "nanoattn/config/options.py"
+    options.write_text(insert_before(options.read_text(), "ATTENTION_VARIANTS: dict", recipe["row_line"]))
+    tests = " or ".join(name for names in GENERIC.values() for name in names)
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "0", "-q", "-rA", *GENERIC,
+         "-k", f"({tests}) and {recipe['name']}"],
+        cwd=copy, env={**os.environ, "PYTHONPATH": str(copy)}, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    passed = re.findall(r"^PASSED (\S+)", result.stdout, re.MULTILINE)
+    for file, names in GENERIC.items():
+        for name in names:
+            ran = [test for test in passed if test.startswith(f"{file}::{name}[")]
+            assert any(recipe["name"] in test for test in ran), name

@@ -60,6 +60,8 @@ from nanoattn.references.scores import (
     sigmoid_x_transformers,
     ssmax_paper,
     stick_breaking_paper,
+    talking_heads_paper,
+    talking_heads_x_transformers,
     xsa_paper,
 )
 from nanoattn.references.stream import (
@@ -242,6 +244,15 @@ ROWS: dict[str, Row] = {
     "xsa": Row(VARIANT, "Zhai 2026, arXiv:2603.09078", (
         Check(WRITTEN_OUT, "attention layer output and weights, MHA, GQA and MQA", xsa_paper,
               SPREAD_LAYER),)),
+    "talking_heads": Row(VARIANT, "Shazeer et al. 2020, arXiv:2003.02436", (
+        Check(WRITTEN_OUT, "attention layer output and weights, MHA, GQA and MQA", talking_heads_paper,
+              SPREAD_LAYER, "the paper's equations fix no start, nanoattn starts both mixes at the identity: "
+              "compared with mixes drawn N(0, 0.3)"),
+        Check("x_transformers.Attend(pre_talking_heads=True, post_talking_heads=True)",
+              "each head's output, MHA and MQA", talking_heads_x_transformers, SPREAD_LAYER,
+              "x-transformers mixes the logits as sim + W_pre sim: compared with W_pre = P_l^T - I. Its "
+              "query head h reads K/V head h mod n_kv_head, nanoattn's h // (n_head / n_kv_head): compared "
+              "at MHA and MQA, where both agree"))),
     "canon": Row(VARIANT, "Allen-Zhu 2025 (Physics of Language Models 4.1, Canon-A), arXiv:2512.17351", (
         Check("the authors' convolution (a depthwise torch.nn.Conv1d padded by width - 1, cut to T, plus "
               "the input), written out in nanoattn/references/stream.py",

@@ -11,6 +11,7 @@ import math
 
 import pytest
 import torch
+from test_generate import LAYOUTS, check_cached_decoding, tiny
 
 from nanoattn import GPT, ModelConfig
 from nanoattn.bench.bare import BareGPT
@@ -70,6 +71,16 @@ def test_the_bare_reference_and_a_plain_export_refuse_it_in_one_line(name):
     if not exportable:
         with pytest.raises(ValueError, match=r"^[^\n]+$"):
             family_for(cfg)
+
+
+@pytest.mark.parametrize("layout", ["mha", "mqa"])
+@pytest.mark.parametrize("name", REGISTRY)
+def test_cached_decoding_is_exact_with_each_kv_layout(name, layout):
+    """Past the training length with one K/V head per query head and with one for all (GQA: every lab
+    row in tests/test_generate.py)."""
+    row = lab_row(name)
+    fields = {field: row[field] for field in REGISTRY[name].fields}
+    check_cached_decoding(tiny("rope", LAYOUTS[layout], **fields))
 
 
 @pytest.mark.parametrize("name", [name for name, m in REGISTRY.items() if m.given_positions_refusal])

@@ -1,76 +1,15 @@
-"""Talking-heads attention (``nanoattn/mechanisms/talking_heads.py``) against the paper's equations
-written out head by head in float64 and against x-transformers' ``Attend`` with its talking heads;
-its start as plain attention, its statistic and its refusal beside differential attention. Cached
-decoding, chunked against explicit scores, head analysis and a lab row run over the registry's rows
-in the generic tests (tests/variants.py)."""
+"""Talking-heads attention (``nanoattn/mechanisms/talking_heads.py``): its start as plain attention,
+its statistic and its refusal beside differential attention. Its paper's equations written out in
+float64 and x-transformers' ``Attend`` with talking heads are its checks in nanoattn/references (the
+reference table); cached decoding, chunked against explicit scores, head analysis and learning run
+over the attention lab's rows in the generic tests (tests/variants.py, tests/mechanisms)."""
 
-import math
 
 import pytest
 import torch
-from x_transformers.attend import Attend
 
 from nanoattn import GPT, ModelConfig
 from nanoattn.eval.variant_heads import own_statistic, variant_statistics
-from nanoattn.model import Attention
-from nanoattn.positional import build_positional
-
-H, HKV, T, D = 4, 2, 10, 8
-
-
-def mixed(seed: int) -> tuple[Attention, object]:
-    """A GQA layer with talking heads whose mixes are drawn off the identity, and its encoding (NoPE)."""
-    cfg = ModelConfig(d_model=H * D, n_head=H, n_kv_head=HKV, pos="nope", talking_heads=True)
-    attn = Attention(cfg)
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for mix in (attn.talking_heads.logits_mix, attn.talking_heads.weights_mix):
-            mix.copy_(torch.eye(H) + 0.5 * torch.randn(H, H, generator=generator))
-    return attn, build_positional(cfg)
-
-
-def heads_written_out(q, k, v, logits_mix, weights_mix):
-    """The paper's equations, one head at a time: J_g = q_g k_g^T / sqrt(d) (k_g of g's K/V group),
-    L_h = sum_g P_l[g, h] J_g, causal W_h = softmax(L_h), U_h = sum_g P_w[g, h] W_g, O_h = U_h v_h."""
-    q, k, v, logits_mix, weights_mix = (t.double() for t in (q, k, v, logits_mix, weights_mix))
-    group = H // HKV
-    J = [q[:, g] @ k[:, g // group].transpose(-1, -2) / math.sqrt(D) for g in range(H)]
-    future = torch.ones(T, T, dtype=torch.bool).triu(1)
-    W = [torch.softmax(sum(logits_mix[g, h] * J[g] for g in range(H)).masked_fill(future, -math.inf), -1)
-         for h in range(H)]
-    U = [sum(weights_mix[g, h] * W[g] for g in range(H)) for h in range(H)]
-    return torch.stack([U[h] @ v[:, h // group] for h in range(H)], 1), torch.stack(U, 1)
-
-
-@pytest.mark.parametrize("return_weights", [False, True])
-def test_its_outputs_and_weights_are_the_papers_equations(return_weights):
-    attn, pe = mixed(seed=0)
-    q, k, v = torch.randn(2, H, T, D), torch.randn(2, HKV, T, D), torch.randn(2, HKV, T, D)
-    positions = torch.arange(T)
-    y, weights = attn.attend_heads(q, k, v, positions, positions, pe, 0, return_weights)
-    expected, expected_weights = heads_written_out(q, k, v, attn.talking_heads.logits_mix,
-                                                   attn.talking_heads.weights_mix)
-    torch.testing.assert_close(y.double(), expected, atol=1e-5, rtol=1e-5)
-    if return_weights:
-        torch.testing.assert_close(weights.double(), expected_weights, atol=1e-6, rtol=1e-6)
-
-
-def test_it_is_x_transformers_talking_heads():
-    """x-transformers mixes the logits as sim + W_pre sim (a residual 1x1 convolution over heads) and the
-    weights as W_post attn, before any bias: P_l = I + W_pre^T and P_w = W_post^T in our terms."""
-    attn, pe = mixed(seed=1)
-    theirs = Attend(causal=True, heads=H, pre_talking_heads=True, post_talking_heads=True)
-    with torch.no_grad():
-        theirs.pre_softmax_talking_heads.weight.copy_(
-            (attn.talking_heads.logits_mix - torch.eye(H)).T[:, :, None, None])
-        theirs.post_softmax_talking_heads.weight.copy_(attn.talking_heads.weights_mix.T[:, :, None, None])
-    q, k, v = torch.randn(2, H, T, D), torch.randn(2, H, T, D), torch.randn(2, H, T, D)
-    group = torch.arange(0, H, H // HKV)
-    k, v = k[:, group].repeat_interleave(H // HKV, 1), v[:, group].repeat_interleave(H // HKV, 1)
-    positions = torch.arange(T)
-    ours, _ = attn.attend_heads(q, k[:, ::H // HKV], v[:, ::H // HKV], positions, positions, pe, 0)
-    expected, _ = theirs(q, k, v)
-    torch.testing.assert_close(ours, expected, atol=1e-5, rtol=1e-5)
 
 
 def test_it_starts_as_plain_attention():
