@@ -74,10 +74,10 @@ from nanoattn.kernels import (
     grouped_values,
 )
 from nanoattn.mechanisms import used_mechanisms
+from nanoattn.model import routes
 from nanoattn.model.cache import KVCache, StreamingCache
 from nanoattn.model.gates import KVShift, QKNorm
 from nanoattn.model.layers import dropout
-from nanoattn.model.routes import choose_route, query_chunks
 from nanoattn.model.score_functions import SCORE_FUNCTIONS, ForgetGate
 from nanoattn.model.selective import SelectiveBias
 from nanoattn.positional.base import PositionalEncoding
@@ -199,7 +199,7 @@ class CausalAttention(nn.Module, abc.ABC):
         # SDPA's fused kernels need values as wide as queries (differential attention's are twice):
         # otherwise its math kernel would build the whole [B, H, Tq, Tk], so those go in chunks too.
         fused = not pos.adds_bias and not explicit and Dv == D and (self.window is None or Tk <= self.window)
-        route = choose_route(fused=fused, explicit=explicit, queries=Tq, keys=Tk,
+        route = routes.choose_route(fused=fused, explicit=explicit, queries=Tq, keys=Tk,
                              bf16_faster=lambda keys: self._scores_in_bf16(q, k, keys))
         if route == "bf16_blocks":
             return causal_query_blocks(q, k, v, lambda *b: self._attend_explicit(*b, q.dtype)[0])
@@ -212,7 +212,7 @@ class CausalAttention(nn.Module, abc.ABC):
                                                dropout_p=options["dropout_p"])  # [B, Hkv, H / Hkv, Dv]
             return y.view(B, H, 1, Dv)
         outputs = []
-        for start, stop, first, last in query_chunks(B, H, Tq, Tk, self.window):
+        for start, stop, first, last in routes.query_chunks(B, H, Tq, Tk, self.window):
             q_chunk, k_chunk, v_chunk = q[:, :, start:stop], k[:, :, first:last], v[:, :, first:last]
             # bf16 scores where the matmuls beat SDPA, the score cap and sinks included; float32 ones
             # for the other explicit computations and for the largest logit, a measurement.

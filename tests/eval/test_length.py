@@ -26,7 +26,7 @@ from nanoattn.eval import evaluate_lengths, lengths_from_multiples, score_length
 from nanoattn.eval import runs as eval_runs
 from nanoattn.eval.length import PeakMemory, window_starts
 from nanoattn.eval.runs import default_output
-from nanoattn.model import attention, routes
+from nanoattn.model import routes
 from nanoattn.positional import REGISTRY, encodings_with
 from nanoattn.validation import from_dict
 
@@ -120,14 +120,14 @@ def test_attention_never_builds_a_heads_by_t_by_t_mask(monkeypatch, pos):
     and encodings without a bias build no mask at all (SDPA's causal kernel), unless their keys are
     wider than the values (PoPE's), which SDPA's fused kernels do not take: those go in chunks too."""
     length, built = 2048, []
-    original = attention.Attention._mask
+    plan = routes.query_chunks
 
-    def spy(*args):
-        mask = original(*args)
-        built.append(mask.numel())
-        return mask
+    def spy(batch, heads, queries, keys, window):  # every chunk a chunked route builds
+        chunks = plan(batch, heads, queries, keys, window)
+        built.extend(batch * heads * (stop - start) * (last - first) for start, stop, first, last in chunks)
+        return chunks
 
-    monkeypatch.setattr(attention.Attention, "_mask", spy)
+    monkeypatch.setattr(routes, "query_chunks", spy)
     tokens = torch.randint(0, VOCAB, (length + 1,), generator=torch.Generator().manual_seed(5))
     model = tiny_model(pos)
     score_length(model, tokens, length)

@@ -117,7 +117,7 @@ def test_chunked_mask_path_equals_explicit_attention(monkeypatch, pos, n_kv_head
 
 
 @pytest.mark.parametrize("pos", ["alibi", "fire"])
-def test_many_queries_take_the_bias_path_in_causal_query_blocks(monkeypatch, pos):
+def test_many_queries_take_the_bias_path_in_causal_query_blocks(chunks_built, pos):
     """Past ``CAUSAL_QUERY_BLOCK`` queries, the bias path's chunks are blocks of that many queries,
     each scored over only the keys up to its last query, and attention is the same function."""
     block = kernels.CAUSAL_QUERY_BLOCK
@@ -128,25 +128,18 @@ def test_many_queries_take_the_bias_path_in_causal_query_blocks(monkeypatch, pos
     positions = torch.arange(T)
     with torch.no_grad():
         slow, _ = attn.attend_heads(q, k, v, positions, positions, pe, 0, return_weights=True)
-        shapes, original = [], attention_module.Attention._mask
-
-        def spy(self, *args):
-            mask = original(self, *args)
-            shapes.append(tuple(mask.shape[-2:]))
-            return mask
-
-        monkeypatch.setattr(attention_module.Attention, "_mask", spy)
         fast = attn.attend_heads(q, k, v, positions, positions, pe, 0)[0]
+    shapes = [(queries, keys) for queries, keys, _ in chunks_built]
     assert shapes == [(block, block), (block, 2 * block), (22, T)]
     torch.testing.assert_close(fast, slow, atol=1e-5, rtol=1e-5)
 
 
-def test_alibi_bias_chunks_stay_below_the_materialised_bound(mask_sizes):
+def test_alibi_bias_chunks_stay_below_the_materialised_bound(chunks_built, small_chunks):
     cfg = ModelConfig(vocab_size=50, d_model=32, n_layer=1, n_head=4, pos="alibi")
     with torch.no_grad():
         GPT(cfg).eval()(torch.randint(0, 50, (1, 1024)))
-    assert max(mask_sizes) <= 1 << 16  # the whole [4 heads, 1024, 1024] bias would be 64x that
-    assert len(mask_sizes) == 1024 // ((1 << 16) // (4 * 1024))
+    assert max(size for _, _, size in chunks_built) <= 1 << 16  # the whole [4, 1024, 1024] bias is 64x that
+    assert len(chunks_built) == 1024 // ((1 << 16) // (4 * 1024))
 
 
 def test_sdpa_fast_path_matches_manual_softmax_in_model():
@@ -260,14 +253,14 @@ def test_attn_kernel_refuses_an_unknown_name():
 def test_the_explicit_variants_score_in_bf16_where_the_kernel_choice_says(bf16_matmuls_measured_faster,
                                                                           monkeypatch, kernel, measure,
                                                                           scores_dtype):
-    seen = []
-    explicit = attention_module.CausalAttention._attend_explicit
+    seen = []  # the scores' dtype, as the score cap receives them
+    cap = attention_module.softcap
 
-    def spy(self, q, k, v, mask, dtype=torch.float32):
-        seen.append(dtype)
-        return explicit(self, q, k, v, mask, dtype)
+    def spy(x, score_cap):
+        seen.append(x.dtype)
+        return cap(x, score_cap)
 
-    monkeypatch.setattr(attention_module.CausalAttention, "_attend_explicit", spy)
+    monkeypatch.setattr(attention_module, "softcap", spy)
     cfg = ModelConfig(vocab_size=50, d_model=32, n_layer=2, n_head=4, n_kv_head=2, attn_softcap=30.0,
                       attn_sinks=True, attn_kernel=kernel)
     model, idx = GPT(cfg).eval(), torch.randint(0, 50, (1, 64))

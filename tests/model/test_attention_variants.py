@@ -20,7 +20,6 @@ from nanoattn import GPT, KVCache, ModelConfig, generate
 from nanoattn.generate import Decoding
 from nanoattn.mechanisms import Mechanism
 from nanoattn.model import Attention, routes
-from nanoattn.model import attention as attention_module
 from nanoattn.model.attention import softcap
 from nanoattn.model.gates import QKNorm
 from nanoattn.positional import build_positional
@@ -136,39 +135,22 @@ def test_capped_and_windowed_attention_in_query_chunks_equal_the_formula(monkeyp
                                atol=1e-5, rtol=1e-5)
 
 
-def test_capped_attention_stays_within_one_chunk_at_a_long_length(monkeypatch):
-    built = []
-    original = attention_module.Attention._attend_explicit
-
-    def spy(self, *args):
-        y, weights = original(self, *args)
-        built.append(weights.numel())
-        return y, weights
-
-    monkeypatch.setattr(attention_module.Attention, "_attend_explicit", spy)
-    monkeypatch.setattr(routes, "MASK_CHUNK_ELEMENTS", 1 << 16)
+def test_capped_attention_stays_within_one_chunk_at_a_long_length(chunks_built, small_chunks):
     cfg = ModelConfig(vocab_size=50, d_model=32, n_layer=1, n_head=4, attn_softcap=1.5)
     with torch.no_grad():
         GPT(cfg).eval()(torch.randint(0, 50, (1, 1024)))
-    assert max(built) <= 1 << 16  # the whole [4 heads, 1024, 1024] score matrix would be 64x that
-    assert len(built) == 1024 // ((1 << 16) // (4 * 1024))
+    sizes = [size for _, _, size in chunks_built]
+    assert max(sizes) <= 1 << 16  # the whole [4 heads, 1024, 1024] score matrix would be 64x that
+    assert len(sizes) == 1024 // ((1 << 16) // (4 * 1024))
 
 
-def test_a_windowed_layer_computes_only_keys_inside_its_chunks_windows(monkeypatch):
-    built = []
-    original = attention_module.Attention._mask
-
-    def spy(self, q, k, *args):
-        built.append((q.shape[2], k.shape[2]))
-        return original(self, q, k, *args)
-
-    monkeypatch.setattr(attention_module.Attention, "_mask", spy)
-    monkeypatch.setattr(routes, "MASK_CHUNK_ELEMENTS", 1 << 16)
+def test_a_windowed_layer_computes_only_keys_inside_its_chunks_windows(chunks_built, small_chunks):
     cfg = ModelConfig(vocab_size=50, d_model=32, n_layer=1, n_head=4, sliding_window=64)
     with torch.no_grad():
         GPT(cfg).eval()(torch.randint(0, 50, (1, 1024)))
     # Chunks of 16 queries (1 << 16 / (4 heads x 1024 keys)), each over its own 16 keys and the 63
     # before them: 79 of the 1,024, so the layer's work is O(T x window).
+    built = [(queries, keys) for queries, keys, _ in chunks_built]
     assert built[0] == (16, 16) and set(built[4:]) == {(16, 79)}
 
 

@@ -15,8 +15,6 @@ import torch
 
 from nanoattn import GPT, KVCache, ModelConfig
 from nanoattn.config.model import ATTN_FNS
-from nanoattn.model import attention as attention_module
-from nanoattn.model import routes
 from nanoattn.model.score_functions import SCORE_FUNCTIONS
 from nanoattn.positional import build_positional
 from nanoattn.references.attention import TOKENS, layer
@@ -54,29 +52,15 @@ def test_the_forget_gate_is_a_linear_layer_with_a_bias_from_zero_as_foxs():
 
 @pytest.mark.parametrize("fields", [dict(attn_fn="stick_breaking"), dict(attn_fn="sigmoid"),
                                     dict(forget_gate=True)], ids=["stick_breaking", "sigmoid", "fox"])
-def test_evaluation_at_a_long_length_builds_one_chunk_of_scores_at_a_time(monkeypatch, fields):
-    """Memory linear in T: no score, weight or bias tensor is larger than MASK_CHUNK_ELEMENTS."""
-    built = []
-    explicit, mask = attention_module.Attention._attend_explicit, attention_module.Attention._mask
-
-    def spy_explicit(self, *args):
-        y, weights = explicit(self, *args)
-        built.append(weights.numel())
-        return y, weights
-
-    def spy_mask(self, *args):
-        out = mask(self, *args)
-        built.append(out.numel())
-        return out
-
-    monkeypatch.setattr(attention_module.Attention, "_attend_explicit", spy_explicit)
-    monkeypatch.setattr(attention_module.Attention, "_mask", spy_mask)
-    monkeypatch.setattr(routes, "MASK_CHUNK_ELEMENTS", 1 << 16)
+def test_evaluation_at_a_long_length_builds_one_chunk_of_scores_at_a_time(chunks_built, small_chunks,
+                                                                         fields):
+    """Memory linear in T: no score, weight or bias chunk is larger than MASK_CHUNK_ELEMENTS."""
     cfg = ModelConfig(vocab_size=50, d_model=32, n_layer=1, n_head=4, pos="nope", **fields)
     with torch.no_grad():
         GPT(cfg).eval()(torch.randint(0, 50, (1, 1024)))
-    assert max(built) <= 1 << 16  # the whole [4 heads, 1024, 1024] would be 64x that
-    assert len(built) >= 1024 // ((1 << 16) // (4 * 1024))  # a mask (and weights) per chunk of 16 queries
+    sizes = [size for _, _, size in chunks_built]
+    assert max(sizes) <= 1 << 16  # the whole [4 heads, 1024, 1024] would be 64x that
+    assert len(sizes) == 1024 // ((1 << 16) // (4 * 1024))  # a chunk of 16 queries at a time
 
 
 @pytest.mark.parametrize("fields", [dict(attn_fn="stick_breaking"), dict(attn_fn="sigmoid"),

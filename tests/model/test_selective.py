@@ -240,12 +240,13 @@ def test_head_analysis_reports_how_much_each_layer_masked():
     assert list(stats) == ["selective_attn"] and stats["selective_attn"]["threshold"] == SELECTIVE_PRUNE_F
 
 
-def test_evaluation_memory_stays_in_chunks(mask_sizes):
+def test_evaluation_memory_stays_in_chunks(chunks_built, small_chunks):
     """F is never built whole: at 1,024 tokens every bias chunk is within the budget, as ALiBi's."""
     cfg = config(n_layer=1, max_seq_len=256)
     with torch.no_grad():
         GPT(cfg).eval()(torch.randint(0, 64, (1, 1024)))
-    assert max(mask_sizes) <= 1 << 16 and len(mask_sizes) == 1024 // ((1 << 16) // (4 * 1024))
+    sizes = [size for _, _, size in chunks_built]
+    assert max(sizes) <= 1 << 16 and len(sizes) == 1024 // ((1 << 16) // (4 * 1024))
 
 
 @pytest.mark.parametrize("fields, message", [
