@@ -164,9 +164,15 @@ def refuses_paired_heads(variant: str) -> bool:
     return any(m.paired_heads_refusal and set(m.fields) & fields for m in MECHANISMS.values())
 
 
+def mixes_heads(variant: str) -> bool:
+    fields = VARIANTS[variant].keys()
+    return any(m.mixes_heads and set(m.fields) & fields for m in MECHANISMS.values())
+
+
 REFUSED_PAIRS |= {(first, second) for first, second in PAIRS
-                  if (VARIANTS[first].get("diff_attn") and refuses_paired_heads(second))
-                  or (VARIANTS[second].get("diff_attn") and refuses_paired_heads(first))}
+                  for one, other in ((first, second), (second, first))
+                  if (VARIANTS[one].get("diff_attn") and refuses_paired_heads(other))
+                  or (VARIANTS[one].get("selective_attn") and mixes_heads(other))}
 INTERACTING = [(first, second) for first, second in PAIRS if stages(first) & stages(second)]
 
 

@@ -159,12 +159,10 @@ class ModelConfig:
         for mechanism in MECHANISMS.values():
             mechanism.check_config(self)
         check_attention_variants(self)
-        for name in ("attn_softcap", "logit_softcap"):
-            value = getattr(self, name)
-            if value is None:
-                continue
-            check_number(own, name, value, "must be a positive finite number or null (no capping)")
-            setattr(self, name, float(value))
+        if self.logit_softcap is not None:
+            check_number(own, "logit_softcap", self.logit_softcap, "must be a positive finite number or null "
+                         "(no capping)")
+            self.logit_softcap = float(self.logit_softcap)
         check_choice(own, "mlp", self.mlp, MLPS)
         if self.d_ff is not None:
             check_positive_int(own, "d_ff", self.d_ff)

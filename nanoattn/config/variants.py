@@ -83,6 +83,11 @@ def check_selective_attn(cfg) -> None:
     if cfg.diff_attn:
         fail("model", "selective_attn", cfg.selective_attn, "cannot be combined with diff_attn=True: "
              "the paper selects with one softmax head's logits, and a differential head has two maps")
+    for mechanism in used_mechanisms(cfg).values():
+        if mechanism.mixes_heads:
+            field = mechanism.fields[0]
+            fail("model", field, getattr(cfg, field), "cannot be combined with selective_attn=True: "
+                 "selective attention selects with head 0's own scores, and this mixes every head's scores")
 
 
 def check_value_embeds(cfg) -> None:

@@ -6,10 +6,12 @@ from nanoattn.mechanisms.exclude_self import ExcludeSelf
 from nanoattn.mechanisms.output_gate import OutputGate
 from nanoattn.mechanisms.output_norm import OutputNorm
 from nanoattn.mechanisms.scalable_softmax import ScalableSoftmax
+from nanoattn.mechanisms.score_cap import ScoreCap
 from nanoattn.mechanisms.talking_heads import TalkingHeads
 
 REGISTRY: dict[str, type[Mechanism]] = {
     "ssmax": ScalableSoftmax,
+    "attn_softcap": ScoreCap,
     "talking_heads": TalkingHeads,
     "xsa": ExcludeSelf,
     "attn_output_norm": OutputNorm,

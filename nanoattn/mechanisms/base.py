@@ -12,8 +12,9 @@ in its own file, everything the rest of the package asks of it:
   output, before W_O). Attention calls the hooks of the mechanisms a layer uses in registry order;
 - what it can take, as capabilities that the rules ask instead of its name: ``sdpa_computes``
   (False when it acts on scores or weights, which SDPA does not expose: attention then computes
-  the scores explicitly, in query chunks), ``given_positions_refusal`` and ``paired_heads_refusal``
-  (why it cannot take per-token positions or differential attention's pairs of heads; None: it can);
+  the scores explicitly, in query chunks), ``mixes_heads`` (True when a head's scores or weights
+  depend on the other heads'), ``given_positions_refusal`` and ``paired_heads_refusal`` (why it cannot
+  take per-token positions or differential attention's pairs of heads; None: it can);
 - its head-analysis statistic (``statistic``), from its parameters or from what its hooks
   ``observe`` while head analysis records them, and the one number a lab shows (``headline``).
 
@@ -36,6 +37,7 @@ class Mechanism(nn.Module):
     # The attribute of the attention layer that holds it: its parameters' names in a checkpoint.
     attribute: ClassVar[str] = ""
     sdpa_computes: ClassVar[bool] = True
+    mixes_heads: ClassVar[bool] = False
     given_positions_refusal: ClassVar[str | None] = None
     paired_heads_refusal: ClassVar[str | None] = None
     # True when its statistic needs a forward pass with ``observe`` recording (not its parameters alone).

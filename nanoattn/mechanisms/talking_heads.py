@@ -29,6 +29,7 @@ class TalkingHeads(Mechanism):
     fields = ("talking_heads",)
     attribute = "talking_heads"
     sdpa_computes = False
+    mixes_heads = True
     paired_heads_refusal = ("it mixes the scores of all heads, and differential attention computes the two "
                             "halves of its pairs in separate passes")
 

@@ -25,13 +25,12 @@ Design:
   is at most that many, as in the blocks above, which skip most of the masked triangle.
 - The slow path (``return_weights=True``) computes softmax(QK^T/sqrt(d) + bias) explicitly and
   returns the weights for analysis; tests check it equals the fast path.
-- Variants are small named pieces: ``QKNorm`` (RMSNorm of each query and key head, before or
-  after the rotation), the score soft-cap ``cap * tanh(s / cap)`` (Gemma 2), learned sinks (one
-  logit per head joins every softmax and takes mass without a value: gpt-oss) and a sliding window
-  (a query sees itself and the ``window - 1`` keys before it). SDPA can neither cap its scores nor
-  add a column without a value, so those models take the explicit computation in the same query
-  chunks as the bias path: memory stays linear in T. The cap acts on q.k/sqrt(d) only, before an
-  encoding's bias is added, so an ALiBi or T5 bias keeps its full range. A windowed layer's
+- Variants not yet in ``nanoattn.mechanisms`` are small named pieces: ``QKNorm`` (RMSNorm of each
+  query and key head, before or after the rotation), learned sinks (one logit per head joins every
+  softmax and takes mass without a value: gpt-oss) and a sliding window (a query sees itself and the
+  ``window - 1`` keys before it). SDPA cannot add a column without a value, so sinks take the
+  explicit computation in the same query chunks as the bias path, as does every mechanism that acts
+  on the scores: memory stays linear in T. A windowed layer's
   chunks start at their first query's window, so its work is O(T * window), and its KV cache
   rolls (``cache.py``). Differential attention is two passes of the same attention, one per half
   of each head pair, whose outputs are subtracted (``_differential``).
@@ -98,22 +97,16 @@ def key_positions(positions: torch.Tensor, seq_len: int, keys: int,
     return positions if cache is None else cache.key_positions(keys, positions.shape[1])
 
 
-def softcap(x: torch.Tensor, cap: float | None) -> torch.Tensor:
-    """Gemma 2's soft-capping, cap * tanh(x / cap): smooth, odd, bounded by cap; None leaves x as is."""
-    return x if cap is None else cap * torch.tanh(x / cap)
-
-
 class CausalAttention(nn.Module, abc.ABC):
     """The part every attention shares: causal softmax(q.k / sqrt(d)) v over heads [B, H, T, D] (or
     the layer's other score function), with the encoding's bias, the forget gates' decay, the window,
-    the score cap and the sinks, in query chunks
+    the mechanisms' hooks and the sinks, in query chunks
     (``_attend``) or explicitly with the weights (``_attend_explicit``). Subclasses make q, k, v
     (``_qkv``), caching what they cache."""
 
     def __init__(self, cfg, layer: int) -> None:
         super().__init__()
         self.dropout = cfg.dropout
-        self.score_cap = cfg.attn_softcap
         # gpt-oss's sinks, from zero: one extra key of score 0 (transformers draws them N(0, 0.02)).
         self.sinks = nn.Parameter(torch.zeros(cfg.n_head)) if cfg.attn_sinks else None
         self.score_fn = SCORE_FUNCTIONS[cfg.attn_fn](cfg)  # scores -> weights
@@ -125,8 +118,7 @@ class CausalAttention(nn.Module, abc.ABC):
         self.score_hooks = [m for m in self.mechanisms if not m.sdpa_computes]
         # SDPA computes none of these: a cap, a sink column, weights other than a softmax, a mechanism's
         # change to the scores or the weights.
-        self.explicit = (self.score_cap is not None or self.sinks is not None or not self.score_fn.sdpa
-                         or bool(self.score_hooks))
+        self.explicit = self.sinks is not None or not self.score_fn.sdpa or bool(self.score_hooks)
         self.window = cfg.layer_window[layer]  # None: every earlier key
         self.kernel = cfg.attn_kernel
         self.selective = cfg.selective_attn
@@ -158,7 +150,7 @@ class CausalAttention(nn.Module, abc.ABC):
         if self.forget_gate is not None:  # the gates' decay joins the encoding's bias
             pos = self.forget_gate(x, pos, k_positions, cache, layer)
         if self.selective:  # F joins the encoding's bias (selective.py)
-            pos = SelectiveBias.start(pos, q, k, lambda s: softcap(s, self.score_cap), cache, layer)
+            pos = SelectiveBias.start(pos, q, k, self.transform_scores, cache, layer)
         y, weights = self.attend_heads(q, k, v, positions, k_positions, pos, layer, return_weights)
         for mechanism in self.mechanisms:
             y = mechanism.heads(x, y, v[:, :, -x.shape[1]:])  # the new tokens' own values, the newest
@@ -253,10 +245,18 @@ class CausalAttention(nn.Module, abc.ABC):
             return allowed
         return bias.masked_fill(~allowed, float("-inf")).to(dtype)
 
+    def transform_scores(self, scores: torch.Tensor) -> torch.Tensor:
+        """What the layer's mechanisms make of the scores q.k / sqrt(d) [B, H, Tq, Tk] before the
+        encoding's bias and the mask (the score cap, talking heads' mix...): their ``scores`` hooks in
+        registry order."""
+        for mechanism in self.score_hooks:
+            scores = mechanism.scores(scores)
+        return scores
+
     def _attend_explicit(self, q, k, v, mask, dtype=torch.float32):
-        """score_fn(softcap(q.k / sqrt(D)) + mask) @ v with the scores in ``dtype``, the mechanisms'
-        ``scores`` hooks before the mask and ``weights`` hooks after the score function, returning the
-        weights [B, H, Tq, Tk] as well.
+        """score_fn(transform_scores(q.k / sqrt(D)) + mask) @ v with the scores in ``dtype``, the
+        mechanisms' ``weights`` hooks after the score function, returning the weights [B, H, Tq, Tk] as
+        well.
 
         The products are grouped by K/V head (``kernels.grouped_scores``), so K/V are never repeated.
         With sinks, each head's sink logit is one more column of the softmax, dropped after it: the
@@ -268,9 +268,7 @@ class CausalAttention(nn.Module, abc.ABC):
             visible = mask if mask.dtype == torch.bool else mask > float("-inf")
             largest = scores.abs().masked_fill(~visible, 0).amax()
             self.largest_logit = torch.maximum(self.largest_logit, largest)
-        scores = softcap(scores, self.score_cap)
-        for mechanism in self.score_hooks:
-            scores = mechanism.scores(scores)
+        scores = self.transform_scores(scores)
         scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
         if self.sinks is None:
             weights = self.score_fn(scores)

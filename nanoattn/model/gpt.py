@@ -18,8 +18,9 @@ from torch import nn
 
 from nanoattn.config import ModelConfig
 from nanoattn.kernels import Linear
+from nanoattn.mechanisms.score_cap import softcap
 from nanoattn.model.abacus import Abacus
-from nanoattn.model.attention import Attention, softcap
+from nanoattn.model.attention import Attention
 from nanoattn.model.cache import KVCache, StreamingCache
 from nanoattn.model.gates import Canon
 from nanoattn.model.latent import LatentAttention

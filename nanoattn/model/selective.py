@@ -70,7 +70,8 @@ class SelectiveBias:
     def __init__(self, pos: PositionalEncoding, sums: torch.Tensor,
                  cap: Callable[[torch.Tensor], torch.Tensor], cache: KVCache | None, layer: int) -> None:
         """``sums`` [B, Tk]: F's column sums over the queries before the first chunk; ``cap``: what
-        attention does to q.k / sqrt(d) before the bias (its soft-cap)."""
+        attention does to q.k / sqrt(d) before the bias (its mechanisms' ``scores`` hooks, each acting
+        on each score alone: ModelConfig refuses one that mixes heads)."""
         self.pos, self.sums, self.cap, self.cache, self.layer = pos, sums, cap, cache, layer
         self.threshold = None if cache is None else cache.prune_threshold
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from nanoattn import GPT, KVCache, ModelConfig, kernels
+from nanoattn.mechanisms.score_cap import ScoreCap
 from nanoattn.model import Attention, routes
-from nanoattn.model import attention as attention_module
 from nanoattn.positional import REGISTRY, build_positional
 
 # Encodings that act inside attention (every one but those added to the embeddings).
@@ -253,14 +253,14 @@ def test_attn_kernel_refuses_an_unknown_name():
 def test_the_explicit_variants_score_in_bf16_where_the_kernel_choice_says(bf16_matmuls_measured_faster,
                                                                           monkeypatch, kernel, measure,
                                                                           scores_dtype):
-    seen = []  # the scores' dtype, as the score cap receives them
-    cap = attention_module.softcap
+    seen = []  # the scores' dtype, as the score cap's hook receives them
+    cap = ScoreCap.scores
 
-    def spy(x, score_cap):
-        seen.append(x.dtype)
-        return cap(x, score_cap)
+    def spy(self, scores):
+        seen.append(scores.dtype)
+        return cap(self, scores)
 
-    monkeypatch.setattr(attention_module, "softcap", spy)
+    monkeypatch.setattr(ScoreCap, "scores", spy)
     cfg = ModelConfig(vocab_size=50, d_model=32, n_layer=2, n_head=4, n_kv_head=2, attn_softcap=30.0,
                       attn_sinks=True, attn_kernel=kernel)
     model, idx = GPT(cfg).eval(), torch.randint(0, 50, (1, 64))

@@ -19,8 +19,8 @@ from variants import VARIANTS
 from nanoattn import GPT, KVCache, ModelConfig, generate
 from nanoattn.generate import Decoding
 from nanoattn.mechanisms import Mechanism
+from nanoattn.mechanisms.score_cap import softcap
 from nanoattn.model import Attention, routes
-from nanoattn.model.attention import softcap
 from nanoattn.model.gates import QKNorm
 from nanoattn.positional import build_positional
 

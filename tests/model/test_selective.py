@@ -19,8 +19,8 @@ from x_transformers.attend import selective_attn
 from nanoattn import GPT, KVCache, ModelConfig, generate
 from nanoattn.eval.variant_heads import SELECTIVE_PRUNE_F, selective_pruning, variant_statistics
 from nanoattn.generate import Decoding
+from nanoattn.mechanisms.score_cap import softcap
 from nanoattn.model import Attention, routes
-from nanoattn.model import attention as attention_module
 from nanoattn.model.selective import SelectiveBias
 from nanoattn.positional import build_positional
 
@@ -81,7 +81,7 @@ def test_the_chunked_and_explicit_paths_are_the_papers_equations(monkeypatch, la
     expected = reference(q[0], k[0], v[0], None if bias is None else bias, cap=cap).float()[None]
 
     def fresh() -> SelectiveBias:  # the sums start over for each pass
-        return SelectiveBias.start(pe, q, k, lambda s: attention_module.softcap(s, cap), None, 0)
+        return SelectiveBias.start(pe, q, k, lambda s: softcap(s, cap), None, 0)
 
     chunked = attn.attend_heads(q, k, v, positions, positions, fresh(), 0)[0]
     explicit, weights = attn.attend_heads(q, k, v, positions, positions, fresh(), 0, return_weights=True)
