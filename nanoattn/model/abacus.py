@@ -21,7 +21,7 @@ Choices, following the authors' module (mcleish7/arithmetic, ``abacus.py``):
 - It reads tokens, not positions, so it adds to whatever ``model.pos`` does (the paper's Abacus
   alone is ``pos=nope``, Abacus+FIRE ``pos=fire``, Abacus+RoPE ``pos=rope``) and takes no part in
   given positions. Under a KV cache the index continues the newest cached token's run
-  (``cache.last_abacus``), so cached decoding equals recomputation.
+  (``cache.carry``), so cached decoding equals recomputation.
 """
 
 from __future__ import annotations
@@ -62,10 +62,10 @@ class Abacus(nn.Module):
         if self.digits.numel() == 0:
             raise ValueError("model.abacus_digits=None is invalid for a forward pass: the abacus needs the "
                              "token ids of the digits 0-9 (the trainer reads them from the tokenizer)")
-        previous = None if cache is None or cache.length == 0 else cache.last_abacus
+        previous = None if cache is None else cache.carried_state("abacus")
         index = digit_indices(idx, self.digits, previous)  # [B, T]
         if cache is not None:
-            cache.last_abacus = index[:, -1].clone()
+            cache.carry("abacus", index[:, -1])
         if self.training and self.max_offset:
             offset = torch.randint(0, self.max_offset + 1, (), device=idx.device)
             index = torch.where(index > 0, index + offset, 0)

@@ -25,6 +25,7 @@ in recomputation.
 from __future__ import annotations
 
 import math
+from collections.abc import Hashable
 from typing import Any
 
 import torch
@@ -69,27 +70,22 @@ class _LayerBuffers:
     multi-head latent attention, the joint latent [B, 1, slots, mla_kv_rank] and the unrotated shared
     rotary key [B, 1, slots, mla_rope_dim]; with forget gates, ``self.log_gates`` [B, n_head, slots]
     per layer; with selective attention, ``self.selection`` [B, slots] per layer, float32, the column
-    sums of its selection matrix over the queries seen (``selective.py``) (none: empty lists)."""
+    sums of its selection matrix over the queries seen (``selective.py``) (none: empty lists). Beside
+    them, what a piece carries from one call to the next (``carry``, ``carried``) under its own key."""
 
     k: list[torch.Tensor]
     v: list[torch.Tensor]
     positions: torch.Tensor | None = None  # [B, capacity]: each token's given position, when given
-    # With abacus: the newest cached token's index in its run of digits [B], which the next may continue.
-    last_abacus: torch.Tensor | None = None
     log_gates: list[torch.Tensor]
     selection: list[torch.Tensor]
-    # With token_shift: the newest cached token's embedding [B, 1, d_model], the next token's predecessor.
-    last_embedding: torch.Tensor | None = None
-    # With canon layers: each layer's newest canon - 1 inputs [B, canon - 1, d_model] (gates.Canon).
-    canon_inputs: list[torch.Tensor | None]
-    # With kv_shift: each layer's newest raw key and value [B, 2 n_kv_head, 1, head_dim] (gates.KVShift).
-    shift_inputs: list[torch.Tensor | None]
+    # What pieces carry to the next call, by their own keys (the newest inputs of a convolution, the
+    # newest embedding...): the cache holds them without knowing what they are.
+    carried: dict[Hashable, torch.Tensor]
 
     def _allocate(self, cfg, batch_size: int, slots: list[int], device, dtype: torch.dtype,
                   what: str, mapped_keys: bool) -> None:
         device = torch.device(device) if device is not None else torch.get_default_device()
-        self.canon_inputs = [None] * cfg.n_layer
-        self.shift_inputs = [None] * cfg.n_layer
+        self.carried = {}
         if cfg.mla_kv_rank is None:
             key_widths = [REGISTRY[name].key_width(cfg.head_dim) if mapped_keys else cfg.head_dim
                           for name in cfg.layer_pos]
@@ -119,6 +115,15 @@ class _LayerBuffers:
         """The bytes one cached token takes: a slot of K and V (and the log gates, F's sums) in every
         layer, the whole batch."""
         return sum(sum(b.nbytes for b in buffers) // buffers[0].shape[2] for buffers in self._layers())
+
+    def carry(self, key: Hashable, state: torch.Tensor) -> None:
+        """Keep ``state`` under ``key`` for the next call, a copy (a view of a prefill's tensor would keep
+        the whole of it alive)."""
+        self.carried[key] = state.clone()
+
+    def carried_state(self, key: Hashable) -> torch.Tensor | None:
+        """What was kept under ``key`` at the last call; None while the cache holds no token."""
+        return self.carried.get(key) if self.length > 0 else None
 
     @property
     def nbytes(self) -> int:

@@ -48,7 +48,7 @@ class KVShift(nn.Module):
     a = sigma(x w) per K/V head and token from the attention's input, the values with their own a,
     over the raw projections (before QK-norm and any rotation), k_{-1} = 0. Initialised as every linear
     layer (a near 1/2), as the authors'. With a cache, the previous token's raw key and value are the
-    newest ones it holds (``KVCache.shift_inputs``)."""
+    newest ones it carries (``KVCache.carry``)."""
 
     def __init__(self, cfg, layer: int) -> None:
         super().__init__()
@@ -58,10 +58,10 @@ class KVShift(nn.Module):
     def forward(self, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache=None):
         """x [B, T, d_model]; k, v [B, Hkv, T, D] raw -> (k, v) shifted."""
         raw = torch.cat([k, v], dim=1)  # [B, 2 Hkv, T, D]
-        held = cache is not None and cache.length > 0
-        before = cache.shift_inputs[self.layer].to(raw.dtype) if held else raw.new_zeros(raw[:, :, :1].shape)
+        held = None if cache is None else cache.carried_state(("kv_shift", self.layer))
+        before = raw.new_zeros(raw[:, :, :1].shape) if held is None else held.to(raw.dtype)
         if cache is not None:
-            cache.shift_inputs[self.layer] = raw[:, :, -1:].clone()
+            cache.carry(("kv_shift", self.layer), raw[:, :, -1:])
         previous = torch.cat([before, raw[:, :, :-1]], dim=2)  # [B, 2 Hkv, T, D]: each token's predecessor
         a = torch.sigmoid(self.proj(x).float()).transpose(1, 2)[..., None].to(raw.dtype)  # [B, 2 Hkv, T, 1]
         return (a * previous + (1 - a) * raw).split(self.heads, dim=1)
@@ -80,10 +80,10 @@ class Canon(nn.Module):
         the inputs are 0; with a cache, the ones it keeps from earlier calls."""
         B, T, D = x.shape
         width = self.weight.shape[1]
-        held = cache is not None and cache.length > 0
-        before = cache.canon_inputs[self.layer].to(x.dtype) if held else x.new_zeros(B, width - 1, D)
+        held = None if cache is None else cache.carried_state(("canon", self.layer))
+        before = x.new_zeros(B, width - 1, D) if held is None else held.to(x.dtype)
         inputs = torch.cat([before, x], dim=1)  # [B, width - 1 + T, D]
         if cache is not None:
-            cache.canon_inputs[self.layer] = inputs[:, T:].clone()  # a view would keep the whole prefill
+            cache.carry(("canon", self.layer), inputs[:, T:])
         w = self.weight.to(x.dtype)
         return x + sum(inputs[:, j:j + T] * w[:, j] for j in range(width))

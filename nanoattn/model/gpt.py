@@ -158,9 +158,9 @@ class GPT(nn.Module):
     def _shift_tokens(self, x: torch.Tensor, cache: KVCache | StreamingCache | None) -> torch.Tensor:
         """Token shift over the token embeddings x [B, T, d_model]. The first token's predecessor is
         the newest token the cache holds (none: zeros), which the cache keeps for the next call."""
-        first = None if cache is None or cache.length == 0 else cache.last_embedding
+        first = None if cache is None else cache.carried_state("token_shift")
         if cache is not None:
-            cache.last_embedding = x[:, -1:].clone()  # a view would keep the whole prefill's embeddings alive
+            cache.carry("token_shift", x[:, -1:])
         return shift_tokens(x, self.shift_gate, first)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
