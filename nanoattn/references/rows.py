@@ -48,6 +48,7 @@ from nanoattn.references.encodings import (
     xpos_rotary_embedding_torch,
 )
 from nanoattn.references.fixtures import BASE, GPT2, at_test_size
+from nanoattn.references.mixing import talking_heads_paper, talking_heads_x_transformers
 from nanoattn.references.scores import (
     SPREAD_LAYER,
     fox_paper,
@@ -60,8 +61,6 @@ from nanoattn.references.scores import (
     sigmoid_x_transformers,
     ssmax_paper,
     stick_breaking_paper,
-    talking_heads_paper,
-    talking_heads_x_transformers,
     xsa_paper,
 )
 from nanoattn.references.stream import (
