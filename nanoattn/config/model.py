@@ -19,6 +19,7 @@ from nanoattn.config.per_layer import cycled, per_layer
 from nanoattn.config.variants import check_attention_variants
 from nanoattn.mechanisms import REGISTRY as MECHANISMS
 from nanoattn.mechanisms import used_mechanisms
+from nanoattn.mechanisms.score_functions import SCORE_FUNCTIONS
 from nanoattn.positional import REGISTRY, encodings_with
 from nanoattn.positional.rope_scaling import normalize_rope_scaling, rope_depends_on_length
 from nanoattn.validation import (
@@ -34,7 +35,6 @@ NORMS = ("layernorm", "rmsnorm")
 MLPS = ("gelu", "swiglu", "relu2")
 QK_NORMS = ("none", "before_rope", "after_rope")
 ATTN_KERNELS = ("auto", "sdpa")
-ATTN_FNS = ("softmax", "stick_breaking", "sigmoid")  # nanoattn.model.score_functions.SCORE_FUNCTIONS
 # Fields read only by the encodings that use them; checked here for their type whatever the model's
 # pos, and by the encoding's ``check_config`` for its own rules when the model uses it.
 ENCODING_INTS = ("t5_num_buckets", "t5_max_distance", "fire_mlp_width", "cope_npos_max")
@@ -152,7 +152,7 @@ class ModelConfig:
                      "tie_embeddings"):
             check_bool(own, name, getattr(self, name))
         check_choice(own, "attn_kernel", self.attn_kernel, ATTN_KERNELS)
-        check_choice(own, "attn_fn", self.attn_fn, ATTN_FNS)
+        check_choice(own, "attn_fn", self.attn_fn, tuple(SCORE_FUNCTIONS))
         if self.attn_sinks and self.attn_fn != "softmax":
             fail(own, "attn_fn", self.attn_fn, "cannot be combined with attn_sinks=True: a sink is one more "
                  "column of a softmax, and this function normalises nothing over the keys")
@@ -264,7 +264,7 @@ class ModelConfig:
             if mechanism.given_positions_refusal is not None:
                 field = mechanism.fields[0]
                 return f"model.{field}={getattr(self, field)!r} {mechanism.given_positions_refusal}"
-        # FoX's decay counts a query's keys by the default positions (model/score_functions.py).
+        # FoX's decay counts a query's keys by the default positions (model/forget_gate.py).
         if self.forget_gate:
             return "model.forget_gate=True counts each query's keys by its default position, 0..T-1"
         if self.rotary and rope_depends_on_length(self.rope_scaling):

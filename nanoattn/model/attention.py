@@ -35,9 +35,9 @@ Design:
   rolls (``cache.py``). Differential attention is two passes of the same attention, one per half
   of each head pair, whose outputs are subtracted (``_differential``).
 - What turns the scores into weights is the layer's score function (``attn_fn``: softmax, sigmoid,
-  stick-breaking; ``score_functions.py``), asked what it needs: SDPA computes only the softmax, so
-  the others take the explicit computation in query chunks, and stick-breaking's queries weigh only
-  earlier keys (``nearest``). FoX's forget gate (``forget_gate``) adds a decay that depends on the
+  stick-breaking; ``mechanisms/score_functions.py``), asked what it needs: SDPA computes only the
+  softmax, so the others take the explicit computation in query chunks, and stick-breaking's queries
+  weigh only earlier keys (``nearest``). FoX's forget gate (``forget_gate``) adds a decay that depends on the
   content to the scores: the layer wraps its encoding so that the decay joins the encoding's bias,
   computed on the bias path in query chunks, and the cache keeps the gates.
 - Value embeddings (modded-nanogpt): a layer given a token table's rows (``GPT`` looks them up)
@@ -73,11 +73,12 @@ from nanoattn.kernels import (
     grouped_values,
 )
 from nanoattn.mechanisms import used_mechanisms
+from nanoattn.mechanisms.score_functions import SCORE_FUNCTIONS
 from nanoattn.model import routes
 from nanoattn.model.cache import KVCache, StreamingCache
+from nanoattn.model.forget_gate import ForgetGate
 from nanoattn.model.gates import KVShift, QKNorm
 from nanoattn.model.layers import dropout
-from nanoattn.model.score_functions import SCORE_FUNCTIONS, ForgetGate
 from nanoattn.model.selective import SelectiveBias
 from nanoattn.positional.base import PositionalEncoding
 

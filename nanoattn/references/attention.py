@@ -259,8 +259,9 @@ LAYER = 1e-5
 
 
 # ----------------------------------------------------------------------------- around the softmax
-# The output gate, Scalable-Softmax and exclusive self-attention (model/gates.py), stick-breaking and
-# sigmoid attention and FoX's forget gate (model/score_functions.py), each on one layer.
+# The output gate, Scalable-Softmax and exclusive self-attention (nanoattn/mechanisms), stick-breaking and
+# sigmoid attention (mechanisms/score_functions.py) and FoX's forget gate (model/forget_gate.py), each on
+# one layer.
 
 TOKENS = 12
 

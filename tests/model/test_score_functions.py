@@ -14,14 +14,17 @@ import pytest
 import torch
 
 from nanoattn import GPT, KVCache, ModelConfig
-from nanoattn.config.model import ATTN_FNS
-from nanoattn.model.score_functions import SCORE_FUNCTIONS
+from nanoattn.mechanisms.score_functions import SCORE_FUNCTIONS
 from nanoattn.positional import build_positional
 from nanoattn.references.attention import TOKENS, layer
 
 
-def test_the_registry_of_score_functions_is_the_configs_choice():
-    assert tuple(SCORE_FUNCTIONS) == ATTN_FNS
+def test_every_registered_score_function_is_an_attn_fn_choice_and_only_those():
+    for name in SCORE_FUNCTIONS:
+        assert ModelConfig(attn_fn=name).attn_fn == name
+    allowed = " \\| ".join(SCORE_FUNCTIONS)
+    with pytest.raises(ValueError, match=rf"^model\.attn_fn='softmin' is invalid: allowed: {allowed}$"):
+        ModelConfig(attn_fn="softmin")
 
 
 def test_stick_breaking_weighs_earlier_keys_only_and_leaves_part_of_the_stick():
