@@ -22,7 +22,6 @@ ONLY_ROPE = {"mla"}
 # keeps beside keys and values or how it advances, and the model's output logits.
 INPUT, QKV, SCORES, OUTPUT, CACHE, LOGITS = "input", "qkv", "scores", "output", "cache", "logits"
 STAGES: dict[str, frozenset[str]] = {
-    "qk_norm": frozenset({QKV}),
     "attn_softcap": frozenset({SCORES}),
     "logit_softcap": frozenset({LOGITS}),
     "attn_sinks": frozenset({SCORES}),
@@ -43,9 +42,10 @@ STAGES: dict[str, frozenset[str]] = {
 }
 EVERY_STAGE = frozenset({INPUT, QKV, SCORES, OUTPUT, CACHE, LOGITS})
 # A registered mechanism's stages follow from the hooks it overrides (``nanoattn.mechanisms.base``): the
-# queries and the scores act on the scores, the weights on the scores' weights, and the heads' outputs
-# on the output with each token's own value in hand.
-HOOK_STAGES = {"queries": {SCORES}, "scores": {SCORES}, "weights": {SCORES}, "heads": {OUTPUT, QKV}}
+# projections act on the queries and keys, the queries and the scores on the scores, the weights on the
+# scores' weights, and the heads' outputs on the output with each token's own value in hand.
+HOOK_STAGES = {"before_rotation": {QKV}, "after_rotation": {QKV}, "queries": {SCORES}, "scores": {SCORES},
+               "weights": {SCORES}, "heads": {OUTPUT, QKV}}
 
 
 def mechanism_stages() -> dict[str, frozenset[str]]:

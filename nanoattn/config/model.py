@@ -33,7 +33,6 @@ from nanoattn.validation import (
 
 NORMS = ("layernorm", "rmsnorm")
 MLPS = ("gelu", "swiglu", "relu2")
-QK_NORMS = ("none", "before_rope", "after_rope")
 ATTN_KERNELS = ("auto", "sdpa")
 # Fields read only by the encodings that use them; checked here for their type whatever the model's
 # pos, and by the encoding's ``check_config`` for its own rules when the model uses it.
@@ -147,7 +146,6 @@ class ModelConfig:
             fail(own, "d_model", self.d_model, f"must be divisible by n_head={self.n_head}")
         self._check_pos()
         check_choice(own, "norm", self.norm, NORMS)
-        check_choice(own, "qk_norm", self.qk_norm, QK_NORMS)
         for name in ("attn_sinks", "forget_gate", "token_shift", "selective_attn", "pope_phase_bias", "bias",
                      "tie_embeddings"):
             check_bool(own, name, getattr(self, name))

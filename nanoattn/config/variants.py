@@ -13,7 +13,14 @@ from collections.abc import Sequence
 from nanoattn.config.per_layer import cycled
 from nanoattn.mechanisms import used_mechanisms
 from nanoattn.positional import REGISTRY
-from nanoattn.validation import check_bool, check_non_negative_int, check_positive_int, fail, is_int
+from nanoattn.validation import (
+    check_bool,
+    check_non_negative_int,
+    check_positive_int,
+    declared_defaults,
+    fail,
+    is_int,
+)
 
 
 def check_attention_variants(cfg) -> None:
@@ -66,11 +73,15 @@ def check_mla(cfg) -> None:
     why = "with mla_kv_rank (multi-head latent attention: decoupled RoPE, MHA over the latent)"
     fixed = (("pos", cfg.pos, "rope"), ("n_kv_head", cfg.n_kv_head, cfg.n_head),
              ("rope_scaling", cfg.rope_scaling, None), ("rope_fraction", cfg.rope_fraction, 1.0),
-             ("rope_p", cfg.rope_p, 1.0), ("qk_norm", cfg.qk_norm, "none"),
-             ("diff_attn", cfg.diff_attn, False))
+             ("rope_p", cfg.rope_p, 1.0), ("diff_attn", cfg.diff_attn, False))
     for name, value, want in fixed:
         if value != want:
             fail("model", name, value, f"must be {want!r} {why}")
+    plain = declared_defaults(type(cfg))
+    for mechanism in used_mechanisms(cfg).values():
+        if mechanism.acts_on_projections():  # latent attention makes its keys from the latent
+            field = mechanism.fields[0]
+            fail("model", field, getattr(cfg, field), f"must be {plain[field]!r} {why}")
 
 
 def check_selective_attn(cfg) -> None:

@@ -72,7 +72,7 @@ def required(hf: Mapping[str, Any], key: str, where: str) -> int:
 
 # The attention variants outside ``nanoattn.mechanisms`` that most formats cannot compute: every family's
 # ``needs`` but where it maps one (Qwen 3: QK-norm before RoPE; Ministral: sliding windows).
-PLAIN_ATTENTION = {"qk_norm": "none", "attn_sinks": False, "logit_softcap": None,
+PLAIN_ATTENTION = {"attn_sinks": False, "logit_softcap": None,
                    "sliding_window": None, "diff_attn": False, "mla_kv_rank": None, "value_embeds": 0,
                    "token_shift": False, "canon": 0, "attn_fn": "softmax", "forget_gate": False,
                    "selective_attn": False, "abacus": False, "kv_shift": False}

@@ -2,7 +2,7 @@
 
 Qwen 3 is Llama plus an RMSNorm of every query and key head before RoPE (``q_norm``, ``k_norm``
 over head_dim, one gain each, shared by the heads): nanoattn's ``qk_norm='before_rope'``
-(``model/attention.py``'s ``QKNorm``). Everything else is Llama's mapping (``llama.py``), with
+(``mechanisms/qk_norm.py``). Everything else is Llama's mapping (``llama.py``), with
 ``use_sliding_window=False`` so every layer attends to every earlier token. Qwen 3's MLP has no
 biases, so ``bias=True`` is refused; so is QK-norm after RoPE, which no transformers class computes.
 """

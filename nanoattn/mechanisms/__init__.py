@@ -5,11 +5,13 @@ from nanoattn.mechanisms.base import Mechanism
 from nanoattn.mechanisms.exclude_self import ExcludeSelf
 from nanoattn.mechanisms.output_gate import OutputGate
 from nanoattn.mechanisms.output_norm import OutputNorm
+from nanoattn.mechanisms.qk_norm import QKNorm
 from nanoattn.mechanisms.scalable_softmax import ScalableSoftmax
 from nanoattn.mechanisms.score_cap import ScoreCap
 from nanoattn.mechanisms.talking_heads import TalkingHeads
 
 REGISTRY: dict[str, type[Mechanism]] = {
+    "qk_norm": QKNorm,
     "ssmax": ScalableSoftmax,
     "attn_softcap": ScoreCap,
     "talking_heads": TalkingHeads,

@@ -7,7 +7,9 @@ in its own file, everything the rest of the package asks of it:
 - its ``fields`` (the ``ModelConfig`` fields it reads; the plain model holds each at its declared
   default, so ``used`` needs no list of plain values) and their validation (``check_config``);
 - where it acts, as hooks the attention layer calls in a fixed order, each the identity here:
-  ``queries`` (after the encoding's rotation and scale), ``scores`` (q.k / sqrt(d) before the
+  ``before_rotation`` and ``after_rotation`` (the projected queries and keys, before and after the
+  encoding's rotation), ``queries`` (after the rotation and the encoding's scale), ``scores`` (q.k /
+  sqrt(d) before the
   encoding's bias and the mask), ``weights`` (after the score function) and ``heads`` (each head's
   output, before W_O). Attention calls the hooks of the mechanisms a layer uses in registry order;
 - what it can take, as capabilities that the rules ask instead of its name: ``sdpa_computes``
@@ -60,6 +62,22 @@ class Mechanism(nn.Module):
     def check_config(cls, cfg) -> None:
         """Validate its fields, whether or not the model uses them, with a one-line ValueError naming
         the field, the bad value and what is allowed."""
+
+    def before_rotation(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The projected queries [B, H, Tq, D] and keys [B, Hkv, Tk, D] before the encoding rotates them
+        (called by the fused-QKV attention only: latent attention refuses a mechanism that acts here)."""
+        return q, k
+
+    def after_rotation(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The same after the rotation, before the encoding's scale (Tk > Tq where a streaming cache
+        places its keys afresh at each step)."""
+        return q, k
+
+    @classmethod
+    def acts_on_projections(cls) -> bool:
+        """Whether it overrides ``before_rotation`` or ``after_rotation``."""
+        return (cls.before_rotation is not Mechanism.before_rotation
+                or cls.after_rotation is not Mechanism.after_rotation)
 
     def queries(self, q: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """q [B, H, T, D] at positions [T] or [B, T] -> the queries attention uses."""

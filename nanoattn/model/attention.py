@@ -25,14 +25,13 @@ Design:
   is at most that many, as in the blocks above, which skip most of the masked triangle.
 - The slow path (``return_weights=True``) computes softmax(QK^T/sqrt(d) + bias) explicitly and
   returns the weights for analysis; tests check it equals the fast path.
-- Variants not yet in ``nanoattn.mechanisms`` are small named pieces: ``QKNorm`` (RMSNorm of each
-  query and key head, before or after the rotation), learned sinks (one logit per head joins every
-  softmax and takes mass without a value: gpt-oss) and a sliding window (a query sees itself and the
-  ``window - 1`` keys before it). SDPA cannot add a column without a value, so sinks take the
-  explicit computation in the same query chunks as the bias path, as does every mechanism that acts
-  on the scores: memory stays linear in T. A windowed layer's
-  chunks start at their first query's window, so its work is O(T * window), and its KV cache
-  rolls (``cache.py``). Differential attention is two passes of the same attention, one per half
+- Variants not yet in ``nanoattn.mechanisms`` are small named pieces: learned sinks (one logit per
+  head joins every softmax and takes mass without a value: gpt-oss) and a sliding window (a query
+  sees itself and the ``window - 1`` keys before it). SDPA cannot add a column without a value, so
+  sinks take the explicit computation in the same query chunks as the bias path, as does every
+  mechanism that acts on the scores: memory stays linear in T. A windowed layer's chunks start at
+  their first query's window, so its work is O(T * window), and its KV cache rolls (``cache.py``).
+  Differential attention is two passes of the same attention, one per half
   of each head pair, whose outputs are subtracted (``_differential``).
 - What turns the scores into weights is the layer's score function (``attn_fn``: softmax, sigmoid,
   stick-breaking; ``mechanisms/score_functions.py``), asked what it needs: SDPA computes only the
@@ -77,7 +76,7 @@ from nanoattn.mechanisms.score_functions import SCORE_FUNCTIONS
 from nanoattn.model import routes
 from nanoattn.model.cache import KVCache, StreamingCache
 from nanoattn.model.forget_gate import ForgetGate
-from nanoattn.model.gates import KVShift, QKNorm
+from nanoattn.model.gates import KVShift
 from nanoattn.model.layers import dropout
 from nanoattn.model.selective import SelectiveBias
 from nanoattn.positional.base import PositionalEncoding
@@ -283,7 +282,8 @@ class CausalAttention(nn.Module, abc.ABC):
 
 
 class Attention(CausalAttention):
-    """Fused-QKV attention for MHA, GQA and MQA, with QK-norm and differential attention."""
+    """Fused-QKV attention for MHA, GQA and MQA, with differential attention; it calls the mechanisms'
+    hooks on the projected queries and keys (``before_rotation``, ``after_rotation``)."""
 
     def __init__(self, cfg, layer: int = 0) -> None:
         super().__init__(cfg, layer)
@@ -291,8 +291,7 @@ class Attention(CausalAttention):
         kv_width = cfg.n_kv_head * cfg.head_dim
         self.qkv = Linear(cfg.d_model, cfg.d_model + 2 * kv_width, bias=cfg.bias)
         self.proj = Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
-        self.qk_norm_at = cfg.qk_norm  # none | before_rope | after_rope
-        self.qk_norm = QKNorm(cfg) if cfg.qk_norm != "none" else None
+        self.projection_hooks = [m for m in self.mechanisms if m.acts_on_projections()]
         # Value embeddings' (a, b) in v = a v + b e[token], from modded-nanogpt's (0.5, 0.5).
         fed = cfg.layer_value_embed[layer] is not None
         self.value_mix = nn.Parameter(torch.full((2,), 0.5)) if fed else None
@@ -320,22 +319,27 @@ class Attention(CausalAttention):
         if value_embed is not None:
             mix = self.value_mix.to(v.dtype)
             v = mix[0] * v + mix[1] * value_embed.to(v.dtype).view(B, T, Hkv, D).transpose(1, 2)
-        if self.qk_norm_at == "before_rope":
-            qk = self.qk_norm(qk)
+        if self.projection_hooks:
+            q, k = qk.split_with_sizes([H, Hkv], dim=1)
+            for mechanism in self.projection_hooks:
+                q, k = mechanism.before_rotation(q, k)
+            qk = torch.cat([q, k], dim=1)
         if cache is not None and cache.positions_in_cache:
             # StreamingLLM: keys are cached unrotated and placed at their cache slot at every step,
             # since evictions move them; positions (and seq_len) are slots in the cache.
             q, k = qk.split_with_sizes([H, Hkv], dim=1)
             k, v = cache.update(layer, k, v)  # [B, Hkv, seq_len, D], slots 0 .. seq_len - 1
             k_positions = torch.arange(seq_len - k.shape[2], seq_len, device=x.device)
-            q = self._place(q, "q", pos, positions, seq_len)
-            k = self._place(k, "k", pos, k_positions, seq_len)
+            q, k = pos.rotate(q, positions, seq_len), pos.rotate(k, k_positions, seq_len)
+            for mechanism in self.projection_hooks:
+                q, k = mechanism.after_rotation(q, k)
+            q, k = pos.scale_queries(q, positions), pos.scale_keys(k, k_positions)
         else:
             # Queries and keys rotate in one call: one cos/sin lookup, half the kernel launches.
             qk = pos.rotate(qk, positions, seq_len)
-            if self.qk_norm_at == "after_rope":
-                qk = self.qk_norm(qk)
             q, k = qk.split_with_sizes([H, Hkv], dim=1)  # [B, H, T, D], [B, Hkv, T, D]
+            for mechanism in self.projection_hooks:
+                q, k = mechanism.after_rotation(q, k)
             q, k = pos.scale_queries(q, positions), pos.scale_keys(k, positions)
             if cache is not None:
                 k, v = cache.update(layer, k, v)  # [B, Hkv, T_k, D]
@@ -346,15 +350,6 @@ class Attention(CausalAttention):
         if self.differential:
             return self._differential(q, k, v, q_positions, k_positions, pos, layer, return_weights)
         return super().attend_heads(q, k, v, q_positions, k_positions, pos, layer, return_weights)
-
-    def _place(self, x: torch.Tensor, side: str, pos: PositionalEncoding, positions: torch.Tensor,
-               seq_len: int) -> torch.Tensor:
-        """What the default path does to the concatenated queries and keys, for one side alone
-        (side 'q' or 'k', x [B, heads, T, D]): rotation, QK-norm after it, the encoding's scale."""
-        x = pos.rotate(x, positions, seq_len)
-        if self.qk_norm_at == "after_rope":
-            x = self.qk_norm.side(x, side)
-        return pos.scale_queries(x, positions) if side == "q" else pos.scale_keys(x, positions)
 
     def _differential(self, q, k, v, q_positions, k_positions, pos, layer, return_weights):
         """Differential attention (Ye et al. 2024, arXiv:2410.05258): query heads (2i, 2i + 1) and
@@ -375,7 +370,7 @@ class Attention(CausalAttention):
                                               pos, layer, return_weights)
             outputs.append(y)
             maps.append(weights)
-        # In the norm's dtype, as QKNorm: torch's fused RMSNorm refuses bf16 input with float32 weights.
+        # In the norm's dtype, as QK-norm's: torch's fused RMSNorm refuses bf16 input with float32 weights.
         mixed = (outputs[0] - lam * outputs[1]).to(self.head_norm.weight.dtype)
         y = self.head_norm(mixed) * (1 - self.lambda_init)
         weights = (maps[0] - lam.float() * maps[1]) / (1 - lam.float()) if return_weights else None

@@ -20,29 +20,6 @@ from torch import nn
 from nanoattn.kernels import Linear
 
 
-class QKNorm(nn.Module):
-    """RMSNorm of every query and key head over head_dim, one gain for the queries and one for the
-    keys shared by all heads (Qwen 3's q_norm / k_norm). The output keeps the input's dtype."""
-
-    def __init__(self, cfg) -> None:
-        super().__init__()
-        self.split = [cfg.n_head, cfg.n_kv_head]
-        self.q = nn.RMSNorm(cfg.head_dim, eps=cfg.norm_eps)
-        self.k = nn.RMSNorm(cfg.head_dim, eps=cfg.norm_eps)
-
-    def forward(self, qk: torch.Tensor) -> torch.Tensor:
-        """qk [B, H + Hkv, T, D] -> the same shape, each head normalised."""
-        # In the weights' dtype: torch's fused RMSNorm refuses bf16 heads with float32 weights (a
-        # warning, then a composite path whose output, rounded back to bf16, is the same).
-        q, k = qk.to(self.q.weight.dtype).split(self.split, dim=1)
-        return torch.cat([self.q(q), self.k(k)], dim=1).to(qk.dtype)
-
-    def side(self, x: torch.Tensor, side: str) -> torch.Tensor:
-        """Queries (side 'q') or keys ('k') alone, [B, heads, T, D]."""
-        norm = getattr(self, side)
-        return norm(x.to(norm.weight.dtype)).to(x.dtype)
-
-
 class KVShift(nn.Module):
     """FoX Pro's data-dependent shift of keys and values: k_t = a_t k_{t-1} + (1 - a_t) k_t with
     a = sigma(x w) per K/V head and token from the attention's input, the values with their own a,

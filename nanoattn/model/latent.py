@@ -49,7 +49,7 @@ class LatentAttention(CausalAttention):
     def _qkv(self, x, pos, positions, seq_len, cache, layer, value_embed):
         B, T, _ = x.shape
         H, D, R = self.n_head, self.head_dim, self.rope_dim
-        # The norms take their weights' dtype (as QKNorm): torch's fused RMSNorm refuses bf16 input
+        # The norms take their weights' dtype (as QK-norm's): torch's fused RMSNorm refuses bf16 input
         # with float32 weights.
         if self.low_rank_queries:
             q = self.q_b(self.q_norm(self.q_a(x).to(self.q_norm.weight.dtype)))

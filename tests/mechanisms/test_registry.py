@@ -16,7 +16,7 @@ from test_generate import LAYOUTS, check_cached_decoding, tiny
 from nanoattn import GPT, ModelConfig
 from nanoattn.bench.bare import BareGPT
 from nanoattn.config.options import ATTENTION_VARIANTS
-from nanoattn.hf.formats import family_for
+from nanoattn.hf.formats import FAMILIES, family_for
 from nanoattn.mechanisms import REGISTRY, used_mechanisms
 from nanoattn.model import Attention
 from nanoattn.validation import declared_defaults
@@ -67,8 +67,12 @@ def test_the_bare_reference_and_a_plain_export_refuse_it_in_one_line(name):
     with pytest.raises(ValueError, match=r"^model\.\w+=[^\n]+ is outside the bare reference [^\n]+$") as bare:
         BareGPT(cfg)
     assert str(bare.value).removeprefix("model.").split("=")[0] in REGISTRY[name].fields
-    exportable = [field for field in REGISTRY[name].fields if field == "attn_gate"]  # Qwen3-Next maps it
-    if not exportable:
+    plain = declared_defaults(ModelConfig)
+    mapping = [family for family in FAMILIES for field in REGISTRY[name].fields
+               if family.needs.get(field, plain[field]) == getattr(cfg, field) != plain[field]]
+    if mapping:  # a transformers class computes it (Qwen 3's QK-norm, Qwen3-Next's gate): that family
+        assert family_for(dataclasses.replace(cfg, **mapping[0].needs)) is mapping[0]
+    else:
         with pytest.raises(ValueError, match=r"^[^\n]+$"):
             family_for(cfg)
 

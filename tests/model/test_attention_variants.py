@@ -19,9 +19,9 @@ from variants import VARIANTS
 from nanoattn import GPT, KVCache, ModelConfig, generate
 from nanoattn.generate import Decoding
 from nanoattn.mechanisms import Mechanism
+from nanoattn.mechanisms.qk_norm import QKNorm
 from nanoattn.mechanisms.score_cap import softcap
 from nanoattn.model import Attention, routes
-from nanoattn.model.gates import QKNorm
 from nanoattn.positional import build_positional
 
 
@@ -41,27 +41,29 @@ def test_softcap_is_cap_times_tanh_of_x_over_cap():
 
 
 def test_qk_norm_divides_each_head_by_its_rms_and_applies_one_gain_per_side():
-    cfg = ModelConfig(d_model=32, n_head=4, n_kv_head=2, norm_eps=1e-6)
-    norm = QKNorm(cfg)
+    cfg = ModelConfig(d_model=32, n_head=4, n_kv_head=2, norm_eps=1e-6, qk_norm="before_rope")
+    norm = QKNorm(cfg, layer=0)
     with torch.no_grad():
         norm.q.weight.copy_(torch.linspace(0.5, 2.0, 8))
         norm.k.weight.copy_(torch.linspace(2.0, 0.5, 8))
     qk = torch.randn(2, 6, 5, 8, dtype=torch.float64)  # 4 query heads, 2 key heads, 5 tokens, head_dim 8
-    out = norm.double()(qk)
+    out = torch.cat(norm.double().before_rotation(qk[:, :4], qk[:, 4:]), dim=1)
+    untouched = torch.cat(norm.after_rotation(qk[:, :4], qk[:, 4:]), dim=1)  # placed before the rotation
+    assert torch.equal(untouched, qk)
     rms = qk.pow(2).mean(-1, keepdim=True).add(1e-6).sqrt()
     gains = torch.cat([norm.q.weight.expand(4, 1, 8), norm.k.weight.expand(2, 1, 8)])  # [6, 1, 8]
     torch.testing.assert_close(out, qk / rms * gains)
 
 
 def test_qk_norm_of_bf16_heads_takes_the_fused_kernel_and_rounds_like_the_composite():
-    cfg = ModelConfig(d_model=32, n_head=4, n_kv_head=2)
-    norm = QKNorm(cfg)
+    cfg = ModelConfig(d_model=32, n_head=4, n_kv_head=2, qk_norm="after_rope")
+    norm = QKNorm(cfg, layer=0)
     with torch.no_grad():
         norm.q.weight.copy_(torch.linspace(0.5, 2.0, 8))
     qk = torch.randn(2, 6, 5, 8).bfloat16()
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # torch warns when it cannot dispatch to the fused kernel
-        out = norm(qk)
+        out = torch.cat(norm.after_rotation(qk[:, :4], qk[:, 4:]), dim=1)
     assert out.dtype == torch.bfloat16
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
