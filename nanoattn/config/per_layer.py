@@ -1,4 +1,4 @@
-"""Fields given per layer (``pos``, ``sliding_window``): one value for every layer, or a list cycled
+"""Fields given per layer (an encoding, a window): one value for every layer, or a list cycled
 over the layers."""
 
 from __future__ import annotations

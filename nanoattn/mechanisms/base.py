@@ -8,10 +8,10 @@ in its own file, everything the rest of the package asks of it:
   default, so ``used`` needs no list of plain values) and their validation (``check_config``);
 - where it acts, as hooks the attention layer calls in a fixed order, each the identity here:
   ``before_rotation`` and ``after_rotation`` (the projected queries and keys, before and after the
-  encoding's rotation), ``queries`` (after the rotation and the encoding's scale), ``scores`` (q.k /
-  sqrt(d) before the
-  encoding's bias and the mask), ``weights`` (after the score function) and ``heads`` (each head's
-  output, before W_O). Attention calls the hooks of the mechanisms a layer uses in registry order;
+  encoding's rotation), ``queries`` (after the rotation and the encoding's scale), ``scores``
+  (q.k / sqrt(d) before the encoding's bias and the mask), ``weights`` (after the score function)
+  and ``heads`` (each head's output, before W_O). Attention calls the hooks of the mechanisms a
+  layer uses in registry order;
 - what it can take, as capabilities that the rules ask instead of its name: ``sdpa_computes``
   (False when it acts on scores or weights, which SDPA does not expose: attention then computes
   the scores explicitly, in query chunks), ``mixes_heads`` (True when a head's scores or weights
