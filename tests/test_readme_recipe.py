@@ -133,14 +133,22 @@ def test_the_mechanism_recipe_pasted_into_a_copy_passes_the_generic_tests(tmp_pa
         shutil.copytree(REPO / folder, copy / folder, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(REPO / "pyproject.toml", copy)
     (copy / recipe["path"]).write_text(recipe["code"])
-    registry = copy / "nanoattn/mechanisms/__init__.py"
-    text = registry.read_text().replace("\n\nREGISTRY", f"\n{recipe['import_line']}\n\nREGISTRY", 1)
-    registry.write_text(insert_before(text, "REGISTRY: dict", recipe["registry_line"]))
-    config = copy / "nanoattn/config/model.py"
-    config.write_text(config.read_text().replace("\n    def __post_init__", f"    {recipe['field_line']}\n"
-                                                 "\n    def __post_init__", 1))
-    options = copy / "nanoattn/config/options.py"
-    options.write_text(insert_before(options.read_text(), "ATTENTION_VARIANTS: dict", recipe["row_line"]))
+
+    def paste(path: str, line: str, add) -> None:  # once: a clone the recipe was pasted into keeps its own
+        file = copy / path
+        if line not in file.read_text():
+            file.write_text(add(file.read_text()))
+
+    registry = "nanoattn/mechanisms/__init__.py"
+    paste(registry, recipe["import_line"],
+          lambda text: text.replace("\n\nREGISTRY", f"\n{recipe['import_line']}\n\nREGISTRY", 1))
+    paste(registry, recipe["registry_line"],
+          lambda text: insert_before(text, "REGISTRY: dict", recipe["registry_line"]))
+    field = f"    {recipe['field_line']}\n\n    def __post_init__"
+    paste("nanoattn/config/model.py", recipe["field_line"],
+          lambda text: text.replace("\n    def __post_init__", field, 1))
+    paste("nanoattn/config/options.py", recipe["row_line"],
+          lambda text: insert_before(text, "ATTENTION_VARIANTS: dict", recipe["row_line"]))
     tests = " or ".join(name for names in GENERIC.values() for name in names)
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "0", "-q", "-rA", *GENERIC,
