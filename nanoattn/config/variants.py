@@ -26,8 +26,23 @@ from nanoattn.validation import (
 def check_attention_variants(cfg) -> None:
     """Every check below, in this order, on ``cfg`` (a ModelConfig)."""
     for check in (check_diff_attn, check_mla, check_sliding_window, check_selective_attn, check_value_embeds,
-                  check_abacus, check_shift_and_canon):
+                  check_abacus, check_shift_and_canon, check_rotated_heads):
         check(cfg)
+
+
+def check_rotated_heads(cfg) -> None:
+    """A mechanism acting on the rotated heads takes head_dim numbers a head: refused beside an encoding
+    whose map makes them wider (PoPE's polar form: ``PositionalEncoding.key_width``)."""
+    widened = [name for name in cfg.encodings if REGISTRY[name].key_width(cfg.head_dim) != cfg.head_dim]
+    if not widened:
+        return
+    width = REGISTRY[widened[0]].key_width(cfg.head_dim)
+    for mechanism in used_mechanisms(cfg).values():
+        if mechanism.acts_after_rotation(cfg):
+            field = mechanism.fields[0]
+            fail("model", field, getattr(cfg, field),
+                 f"cannot act after the rotation with pos={cfg.pos!r}: after {widened[0]}'s map a head is "
+                 f"{width} numbers, where it takes head_dim={cfg.head_dim}")
 
 
 def check_diff_attn(cfg) -> None:

@@ -74,6 +74,12 @@ class Mechanism(nn.Module):
         return q, k
 
     @classmethod
+    def acts_after_rotation(cls, cfg) -> bool:
+        """Whether, in a model of ``cfg``, it acts on the rotated heads (``after_rotation``), which it
+        takes as head_dim numbers a head: an encoding whose map widens them refuses it."""
+        return cls.after_rotation is not Mechanism.after_rotation
+
+    @classmethod
     def acts_on_projections(cls) -> bool:
         """Whether it overrides ``before_rotation`` or ``after_rotation``."""
         return (cls.before_rotation is not Mechanism.before_rotation

@@ -33,6 +33,10 @@ class QKNorm(Mechanism):
     def check_config(cls, cfg) -> None:
         check_choice("model", "qk_norm", cfg.qk_norm, PLACES)
 
+    @classmethod
+    def acts_after_rotation(cls, cfg) -> bool:
+        return cfg.qk_norm == "after_rope"
+
     def normalised(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return (self.q(q.to(self.q.weight.dtype)).to(q.dtype), self.k(k.to(self.k.weight.dtype)).to(k.dtype))
 

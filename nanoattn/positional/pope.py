@@ -114,9 +114,6 @@ class PolarPositionalEncoding(PositionalEncoding):
             if as_float(getattr(cfg, name)) != 1:
                 fail("model", name, getattr(cfg, name), "must be 1 with pos='pope': every channel of a head "
                      "takes a phase (partial RoPE and p-RoPE have no PoPE form)")
-        if cfg.qk_norm == "after_rope":
-            fail("model", "qk_norm", cfg.qk_norm, "must be none or before_rope with pos='pope': after its "
-                 "map a head is 2 x head_dim numbers of polar form, which a head_dim norm does not fit")
 
     @classmethod
     def key_width(cls, head_dim: int) -> int:

@@ -200,8 +200,9 @@ def test_attention_with_pope_is_the_papers_attention():
 @pytest.mark.parametrize("fields, message", [
     (dict(rope_fraction=0.5), "model.rope_fraction=0.5 is invalid: must be 1 with pos='pope'"),
     (dict(rope_p=0.75), "model.rope_p=0.75 is invalid: must be 1 with pos='pope'"),
-    (dict(qk_norm="after_rope"), "model.qk_norm='after_rope' is invalid: must be none or before_rope with "
-                                 "pos='pope'"),
+    (dict(qk_norm="after_rope"), "model.qk_norm='after_rope' is invalid: cannot act after the rotation "
+                                 "with pos='pope': after pope's map a head is 16 numbers, where it takes "
+                                 "head_dim=8"),
     (dict(pope_phase_bias=1), "model.pope_phase_bias=1 is invalid: must be true or false"),
 ])
 def test_what_pope_has_no_form_for_is_refused_in_one_line(fields, message):
