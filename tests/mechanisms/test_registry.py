@@ -19,6 +19,7 @@ from nanoattn.config.options import ATTENTION_VARIANTS
 from nanoattn.hf.formats import FAMILIES, family_for
 from nanoattn.mechanisms import REGISTRY, used_mechanisms
 from nanoattn.model import Attention
+from nanoattn.positional import build_positional
 from nanoattn.validation import declared_defaults
 
 BASE = dict(vocab_size=64, d_model=32, n_layer=2, n_head=4, n_kv_head=2, max_seq_len=16)
@@ -106,35 +107,31 @@ def test_differential_attention_refuses_it_as_the_mechanism_says(name):
 def test_sdpa_serves_it_exactly_when_it_says_so(name, monkeypatch):
     """A mechanism that leaves the scores and weights alone keeps SDPA's causal kernel (memory linear
     in T); one that changes them takes the explicit scores."""
-    import nanoattn.model.attention as attention_module
-
     kernels = []
-    real = attention_module.F.scaled_dot_product_attention
-    monkeypatch.setattr(attention_module.F, "scaled_dot_product_attention",
+    real = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
                         lambda *a, **k: kernels.append(k.get("is_causal")) or real(*a, **k))
     attn = Attention(on(name))
     q, k, v = torch.randn(1, 4, 12, 8), torch.randn(1, 2, 12, 8), torch.randn(1, 2, 12, 8)
     positions = torch.arange(12)
-    from nanoattn.positional import build_positional
-
     attn.attend_heads(q, k, v, positions, positions, build_positional(on(name)), 0)
     assert (kernels == [True]) == REGISTRY[name].sdpa_computes
 
 
-def test_hooks_run_in_registry_order():
-    """The exclusion takes the projection out of the attention's output, then the norm normalises the
-    result, then the gate multiplies it: composing the three by hand in that order gives the layer."""
-    cfg = ModelConfig(**{**BASE, "xsa": True, "attn_output_norm": True, "attn_gate": "headwise"})
-    attn = Attention(cfg)
+def test_the_layer_calls_the_heads_hooks_in_registry_order():
+    """Exclusion, then the norm, then the gate: the layer's output is plain attention's heads through the
+    three hooks in that order, then W_O (NoPE, so the heads are the projections as they are)."""
+    cfg = ModelConfig(**BASE, pos="nope", xsa=True, attn_output_norm=True, attn_gate="headwise")
+    attn, pe = Attention(cfg).eval(), build_positional(cfg)
     assert [type(m).__name__ for m in attn.mechanisms] == [
         m.__name__ for name, m in REGISTRY.items() if name in ("xsa", "attn_output_norm", "attn_gate")]
-    x = torch.randn(2, 6, 32)
-    y, v = torch.randn(2, 4, 6, 8), torch.randn(2, 2, 6, 8)
-    by_hand = attn.output_gate.heads(x, attn.output_norm.heads(x, attn.exclude_self.heads(x, y, v), v), v)
-    composed = y
-    for mechanism in attn.mechanisms:
-        composed = mechanism.heads(x, composed, v)
-    torch.testing.assert_close(composed, by_hand)
+    with torch.no_grad():
+        x, positions = torch.randn(2, 6, 32), torch.arange(6)
+        q, k, v = attn.qkv(x).view(2, 6, 8, 8).transpose(1, 2).split([4, 2, 2], dim=1)
+        y = attn.attend_heads(q, k, v, positions, positions, pe, 0)[0]
+        y = attn.output_gate.heads(x, attn.output_norm.heads(x, attn.exclude_self.heads(x, y, v), v), v)
+        by_hand = attn.proj(y.transpose(1, 2).reshape(2, 6, 32))
+        torch.testing.assert_close(attn(x, pe, positions, 6)[0], by_hand)
 
 
 @pytest.mark.parametrize(("mode", "width"), [("headwise", 4), ("elementwise", 32)])
@@ -152,4 +149,3 @@ def test_ssmax_starts_as_the_plain_softmax_at_the_training_length():
 def test_a_plain_model_builds_no_mechanism():
     attn = Attention(ModelConfig(**BASE))
     assert attn.mechanisms == [] and not attn.explicit
-    assert dataclasses.asdict(ModelConfig(**BASE)) == dataclasses.asdict(ModelConfig(**BASE))
