@@ -159,20 +159,16 @@ REFUSED_PAIRS = {("qk_norm", "mla"), ("qk_norm_after", "mla"), ("sinks", "diff")
 PAIRS = [pair for pair in itertools.combinations(VARIANTS, 2) if not alternatives(*pair)]
 # And a registered mechanism that says it cannot act on differential attention's pairs of heads, with it.
 
-def refuses_paired_heads(variant: str) -> bool:
+def switches_on(variant: str, capability: str) -> bool:
+    """Whether variant ``variant`` switches on a registered mechanism with ``capability`` set."""
     fields = VARIANTS[variant].keys()
-    return any(m.paired_heads_refusal and set(m.fields) & fields for m in MECHANISMS.values())
-
-
-def mixes_heads(variant: str) -> bool:
-    fields = VARIANTS[variant].keys()
-    return any(m.mixes_heads and set(m.fields) & fields for m in MECHANISMS.values())
+    return any(getattr(m, capability) and set(m.fields) & fields for m in MECHANISMS.values())
 
 
 REFUSED_PAIRS |= {(first, second) for first, second in PAIRS
                   for one, other in ((first, second), (second, first))
-                  if (VARIANTS[one].get("diff_attn") and refuses_paired_heads(other))
-                  or (VARIANTS[one].get("selective_attn") and mixes_heads(other))}
+                  if (VARIANTS[one].get("diff_attn") and switches_on(other, "paired_heads_refusal"))
+                  or (VARIANTS[one].get("selective_attn") and switches_on(other, "mixes_heads"))}
 INTERACTING = [(first, second) for first, second in PAIRS if stages(first) & stages(second)]
 
 

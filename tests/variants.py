@@ -8,7 +8,6 @@ acts, so that the pair test of cached decoding decodes the pairs acting on a com
 
 from nanoattn.config.options import ATTENTION_VARIANTS
 from nanoattn.mechanisms import REGISTRY as MECHANISMS
-from nanoattn.mechanisms import Mechanism
 from nanoattn.references.fixtures import at_test_size
 
 VARIANTS = {name: at_test_size(name) for name in ATTENTION_VARIANTS if name != "plain"}
@@ -51,7 +50,7 @@ HOOK_STAGES = {"before_rotation": {QKV}, "after_rotation": {QKV}, "queries": {SC
 def mechanism_stages() -> dict[str, frozenset[str]]:
     """{field: stages} for every registered mechanism's fields, read from the hooks it overrides."""
     return {field: frozenset().union(*(where for hook, where in HOOK_STAGES.items()
-                                       if getattr(mechanism, hook) is not getattr(Mechanism, hook)))
+                                       if mechanism.overrides(hook)))
             for mechanism in MECHANISMS.values() for field in mechanism.fields}
 
 

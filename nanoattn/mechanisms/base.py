@@ -74,16 +74,20 @@ class Mechanism(nn.Module):
         return q, k
 
     @classmethod
+    def overrides(cls, hook: str) -> bool:
+        """Whether it acts through ``hook`` (one of the methods above and below): it overrides it."""
+        return getattr(cls, hook) is not getattr(Mechanism, hook)
+
+    @classmethod
     def acts_after_rotation(cls, cfg) -> bool:
         """Whether, in a model of ``cfg``, it acts on the rotated heads (``after_rotation``), which it
         takes as head_dim numbers a head: an encoding whose map widens them refuses it."""
-        return cls.after_rotation is not Mechanism.after_rotation
+        return cls.overrides("after_rotation")
 
     @classmethod
     def acts_on_projections(cls) -> bool:
         """Whether it overrides ``before_rotation`` or ``after_rotation``."""
-        return (cls.before_rotation is not Mechanism.before_rotation
-                or cls.after_rotation is not Mechanism.after_rotation)
+        return cls.overrides("before_rotation") or cls.overrides("after_rotation")
 
     def queries(self, q: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """q [B, H, T, D] at positions [T] or [B, T] -> the queries attention uses."""

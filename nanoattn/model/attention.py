@@ -115,7 +115,10 @@ class CausalAttention(nn.Module, abc.ABC):
         self.mechanisms = [mechanism(cfg, layer) for mechanism in used_mechanisms(cfg).values()]
         for mechanism in self.mechanisms:
             self.add_module(mechanism.attribute, mechanism)
+        # Only the hooks a mechanism overrides run: a decoding step pays for no identity.
+        self.query_hooks = [m for m in self.mechanisms if m.overrides("queries")]
         self.score_hooks = [m for m in self.mechanisms if not m.sdpa_computes]
+        self.head_hooks = [m for m in self.mechanisms if m.overrides("heads")]
         # SDPA computes none of these: a cap, a sink column, weights other than a softmax, a mechanism's
         # change to the scores or the weights.
         self.explicit = self.sinks is not None or not self.score_fn.sdpa or bool(self.score_hooks)
@@ -145,15 +148,16 @@ class CausalAttention(nn.Module, abc.ABC):
         Also returns the attention weights [B, heads, T, T_k] when ``return_weights`` (slow path).
         """
         q, k, v, k_positions = self._qkv(x, pos, positions, seq_len, cache, layer, value_embed)
-        for mechanism in self.mechanisms:
+        for mechanism in self.query_hooks:
             q = mechanism.queries(q, positions)
         if self.forget_gate is not None:  # the gates' decay joins the encoding's bias
             pos = self.forget_gate(x, pos, k_positions, cache, layer)
         if self.selective:  # F joins the encoding's bias (selective.py)
             pos = SelectiveBias.start(pos, q, k, self.transform_scores, cache, layer)
         y, weights = self.attend_heads(q, k, v, positions, k_positions, pos, layer, return_weights)
-        for mechanism in self.mechanisms:
-            y = mechanism.heads(x, y, v[:, :, -x.shape[1]:])  # the new tokens' own values, the newest
+        own_values = v[:, :, -x.shape[1]:]  # the new tokens' own values, the newest
+        for mechanism in self.head_hooks:
+            y = mechanism.heads(x, y, own_values)
         return self._project(y, head_mask), weights
 
     @abc.abstractmethod
